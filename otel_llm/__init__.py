@@ -1,0 +1,44 @@
+"""otel_llm: OpenTelemetry spans and histograms for LLM client calls, with one line.
+
+    import otel_llm
+    otel_llm.instrument()
+
+Every call made through a supported client (openai) then emits one CLIENT span and the GenAI metrics: operation
+duration, time to first chunk, time per output chunk and per output token, token usage, prompt length and
+rate-limit headroom. Zero-code: ``opentelemetry-instrument python app.py``.
+
+Without providers of its own, the application gets OTLP export configured from the standard variables
+(``OTEL_SERVICE_NAME``, ``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_EXPORTER_OTLP_PROTOCOL``, ``OTEL_TRACES_EXPORTER``,
+``OTEL_METRICS_EXPORTER``, ``OTEL_METRIC_EXPORT_INTERVAL``, ``OTEL_SDK_DISABLED``). otel_llm reads:
+
+- ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``: ``NO_CONTENT`` (default), ``SPAN_ONLY``, ``EVENT_ONLY``,
+  ``SPAN_AND_EVENT``.
+- ``OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental``: the newer GenAI metric names.
+- ``OTEL_LLM_STREAM_USAGE`` (default ``true``): ask for usage on streamed chat/completions and hide that extra chunk
+  from the caller, so output tokens and TPOT are known.
+- ``OTEL_LLM_CHUNK_GAP_SAMPLE_RATE`` (default ``0.25``): share of streams whose chunk gaps are all recorded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from otel_llm._instrumentor import OtelLLMInstrumentor
+from otel_llm._version import __version__
+
+__all__ = ["OtelLLMInstrumentor", "__version__", "instrument", "uninstrument"]
+
+
+def instrument(*, tracer_provider: Any = None, meter_provider: Any = None) -> None:
+    """Patch every supported client that is installed. A second call is a no-op."""
+    instrumentor = OtelLLMInstrumentor()
+    if instrumentor.is_instrumented_by_opentelemetry:
+        return
+    instrumentor.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
+
+
+def uninstrument() -> None:
+    """Remove every patch, exactly."""
+    instrumentor = OtelLLMInstrumentor()
+    if instrumentor.is_instrumented_by_opentelemetry:
+        instrumentor.uninstrument()

@@ -1,0 +1,190 @@
+"""The wrapper around one instrumented SDK call: describe the request, start the clock, call, hand back the result
+(or a proxy around it). Provider adapters supply an ``Endpoint``; this module never looks inside SDK objects."""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, Protocol
+
+from otel_llm._safety import report_failure
+from otel_llm._stream import AsyncResponseProxy, AsyncStreamProxy, ResponseProxy, StreamProxy
+
+if TYPE_CHECKING:
+    from otel_llm._operation import Operation, Request
+    from otel_llm._settings import Settings
+    from otel_llm._telemetry import Telemetry
+
+# wrapt's wrapper signature
+Wrapper = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
+
+# the operation whose SDK call is running in this context, for hooks deeper in the client (headers, retries)
+_current: ContextVar[Operation | None] = ContextVar("otel_llm_operation", default=None)
+
+
+class Kind(enum.Enum):
+    COMPLETE = "complete"  # the final object: read it and finish
+    STREAM = "stream"
+    ASYNC_STREAM = "async_stream"
+    RAW_READ = "raw_read"  # a raw HTTP response whose body is in: parse it (the SDK caches that) and finish
+    RESPONSE = "response"  # a raw/streaming response whose parse()/close() come later
+    ASYNC_RESPONSE = "async_response"
+
+
+class Endpoint(Protocol):
+    """What a provider adapter knows about one SDK method. Plain values in, plain values out."""
+
+    def describe(self, instance: Any, kwargs: dict[str, Any], settings: Settings) -> Request: ...
+
+    def prepare(self, op: Operation, kwargs: dict[str, Any], settings: Settings) -> dict[str, Any]:
+        """The kwargs to call with (a copy when changed, never the caller's dict mutated)."""
+        ...
+
+    def kind(self, op: Operation, result: Any) -> Kind: ...
+
+    def read(self, op: Operation, result: Any) -> None: ...
+
+    def read_error(self, op: Operation, error: BaseException) -> None: ...
+
+    def observe(self, op: Operation, chunk: Any) -> bool: ...
+
+
+def current_operation() -> Operation | None:
+    return _current.get()
+
+
+def sync_call(endpoint: Endpoint) -> Callable[[Telemetry], Wrapper]:
+    def make(telemetry: Telemetry) -> Wrapper:
+        def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            started = _begin(telemetry, endpoint, instance, kwargs)
+            if started is None:
+                return wrapped(*args, **kwargs)
+            op, call_kwargs = started
+            token = telemetry.activate(op)
+            current = _current.set(op)
+            op.start_ns = op.last_activity_ns = time.perf_counter_ns()
+            try:
+                result = wrapped(*args, **call_kwargs)
+            except BaseException as exc:
+                _failed(telemetry, endpoint, op, exc)
+                raise
+            finally:
+                _current.reset(current)
+                telemetry.deactivate(token)
+            return _adopt(telemetry, endpoint, op, result)
+
+        return wrapper
+
+    return make
+
+
+def async_call(endpoint: Endpoint) -> Callable[[Telemetry], Wrapper]:
+    def make(telemetry: Telemetry) -> Wrapper:
+        def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            # everything happens when the coroutine runs: helpers create it early and await it later
+            async def run() -> Any:
+                started = _begin(telemetry, endpoint, instance, kwargs)
+                if started is None:
+                    return await wrapped(*args, **kwargs)
+                op, call_kwargs = started
+                token = telemetry.activate(op)
+                current = _current.set(op)
+                op.start_ns = op.last_activity_ns = time.perf_counter_ns()
+                try:
+                    result = await wrapped(*args, **call_kwargs)
+                except BaseException as exc:
+                    _failed(telemetry, endpoint, op, exc)
+                    raise
+                finally:
+                    _current.reset(current)
+                    telemetry.deactivate(token)
+                return _adopt(telemetry, endpoint, op, result)
+
+            return run()
+
+        return wrapper
+
+    return make
+
+
+def hook(observe: Callable[[Operation, tuple[Any, ...], dict[str, Any]], None]) -> Callable[[Telemetry], Wrapper]:
+    """A wrapper deeper in the client that only looks at its arguments (response headers, a retry) on behalf of the
+    operation running in this context. Works for sync and async methods alike: it looks before the call."""
+
+    def make(telemetry: Telemetry) -> Wrapper:
+        def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            op = _current.get()
+            if op is not None:
+                try:
+                    observe(op, args, kwargs)
+                except Exception:
+                    report_failure("client hook")
+            return wrapped(*args, **kwargs)
+
+        return wrapper
+
+    return make
+
+
+def after(action: Callable[[Any], None]) -> Callable[[Telemetry], Wrapper]:
+    """A wrapper that calls ``action(instance)`` once the wrapped method has run (or failed)."""
+
+    def make(telemetry: Telemetry) -> Wrapper:
+        def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            try:
+                return wrapped(*args, **kwargs)
+            finally:
+                try:
+                    action(instance)
+                except Exception:
+                    report_failure("after hook")
+
+        return wrapper
+
+    return make
+
+
+def _begin(telemetry: Telemetry, endpoint: Endpoint, instance: Any,
+           kwargs: dict[str, Any]) -> tuple[Operation, dict[str, Any]] | None:
+    try:
+        op = telemetry.begin(endpoint.describe(instance, kwargs, telemetry.settings))
+        return op, endpoint.prepare(op, kwargs, telemetry.settings)
+    except Exception:
+        report_failure("request")
+        return None
+
+
+def _failed(telemetry: Telemetry, endpoint: Endpoint, op: Operation, exc: BaseException) -> None:
+    try:
+        endpoint.read_error(op, exc)
+    except Exception:
+        report_failure("error")
+    telemetry.finish(op, exc)
+
+
+def _adopt(telemetry: Telemetry, endpoint: Endpoint, op: Operation, result: Any) -> Any:
+    """Hand the caller its result, wrapped when the operation is still under way. Never raises."""
+    try:
+        kind = endpoint.kind(op, result)
+        if kind is Kind.STREAM:
+            return StreamProxy(result, op, telemetry, endpoint.observe)
+        if kind is Kind.ASYNC_STREAM:
+            return AsyncStreamProxy(result, op, telemetry, endpoint.observe)
+
+        def adopt_parsed(op: Operation, parsed: Any) -> Any:
+            return _adopt(telemetry, endpoint, op, parsed)
+
+        if kind is Kind.RESPONSE:
+            return ResponseProxy(result, op, telemetry, adopt_parsed)
+        if kind is Kind.ASYNC_RESPONSE:
+            return AsyncResponseProxy(result, op, telemetry, adopt_parsed)
+        if kind is Kind.RAW_READ:
+            endpoint.read(op, result.parse())
+        else:
+            endpoint.read(op, result)
+    except Exception:
+        report_failure("response")
+    telemetry.finish(op)
+    return result

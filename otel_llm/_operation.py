@@ -1,0 +1,89 @@
+"""The record of one logical operation: request facts, clock marks, usage and outcome, in plain values.
+
+Provider adapters fill it in; the telemetry core turns it into one span and its metric points. Every clock mark is
+``time.perf_counter_ns()``; ``start_ns`` is taken just before the SDK call that issues the request.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class Request:
+    """What is known before the call: set by the adapter, read by telemetry."""
+
+    operation: str
+    provider: str
+    model: str | None
+    server_address: str | None
+    server_port: int | None
+    stream: bool
+    prompt_chars: int | None
+    # further span attributes (request parameters), already semconv-named by the adapter via _semconv
+    attributes: dict[str, Any] = field(default_factory=dict)
+    # content, only when capture is on
+    input_messages: Any = None
+
+
+@dataclass(slots=True)
+class Operation:
+    request: Request
+    start_ns: int
+    start_epoch_ns: int
+    span: Any = None
+    # stream bookkeeping: O(1) per chunk
+    headers_ns: int = 0
+    first_content_ns: int = 0
+    last_content_ns: int = 0
+    last_activity_ns: int = 0
+    content_chunks: int = 0
+    max_gap_ns: int = 0
+    gaps_ns: array[int] | None = None
+    # the caller asked for no usage chunk; we did, so it must not reach the caller
+    hide_usage_chunk: bool = False
+    # response facts
+    response_id: str | None = None
+    response_model: str | None = None
+    finish_reasons: list[str] = field(default_factory=list)
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cache_read_tokens: int | None = None
+    cache_creation_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    output_text: list[str] | None = None
+    retries: int = 0
+    retry_after: float | None = None
+    # resource -> (remaining, limit); either may be unknown
+    rate_limits: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
+    # outcome
+    error_type: str | None = None
+    end_ns: int = 0
+    finished: bool = False
+
+    def note_content(self, now_ns: int) -> None:
+        """A chunk that carries output content arrived. The hot path: keep it O(1)."""
+        last = self.last_content_ns
+        if last:
+            gap = now_ns - last
+            if gap > self.max_gap_ns:
+                self.max_gap_ns = gap
+            if self.gaps_ns is not None:
+                self.gaps_ns.append(gap)
+        else:
+            self.first_content_ns = now_ns
+        self.last_content_ns = now_ns
+        self.last_activity_ns = now_ns
+        self.content_chunks += 1
+
+    def close(self, end_ns: int, error_type: str | None) -> bool:
+        """Mark the operation finished; True only the first time, so every operation finishes exactly once."""
+        if self.finished:
+            return False
+        self.finished = True
+        self.end_ns = end_ns
+        if error_type is not None:
+            self.error_type = error_type
+        return True

@@ -1,0 +1,110 @@
+"""A table of patch targets -> wrap / unwrap. ``apply`` and ``remove`` are exact inverses; a target that the installed
+SDK does not have is skipped, and a client version outside the range we know is skipped whole, with a warning."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import logging
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import wrapt
+
+if TYPE_CHECKING:
+    from otel_llm._calls import Wrapper
+    from otel_llm._telemetry import Telemetry
+
+_log = logging.getLogger("otel_llm")
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    module: str
+    attribute: str  # "Class.method"
+    make: Callable[[Telemetry], Wrapper]
+
+
+@dataclass(frozen=True, slots=True)
+class Provider:
+    name: str
+    distribution: str  # the client's distribution on PyPI
+    min_version: tuple[int, ...]
+    below_version: tuple[int, ...]  # first version we have not checked
+    targets: Sequence[Target]
+
+
+@dataclass(slots=True)
+class _Applied:
+    owner: Any
+    name: str
+    original: Any
+    had_own: bool
+    wrapper: Any
+
+
+class Patches:
+    def __init__(self) -> None:
+        self._applied: list[_Applied] = []
+
+    def apply(self, provider: Provider, telemetry: Telemetry) -> int:
+        """Patch every target of ``provider`` that the installed client has; returns how many were patched."""
+        version = _installed_version(provider.distribution)
+        if version is None:
+            return 0
+        if not provider.min_version <= version < provider.below_version:
+            _log.warning(
+                "otel_llm: %s %s is outside the versions otel_llm supports (>=%s, <%s); not instrumenting it",
+                provider.distribution, ".".join(map(str, version)), ".".join(map(str, provider.min_version)),
+                ".".join(map(str, provider.below_version)),
+            )
+            return 0
+        count = 0
+        for target in provider.targets:
+            try:
+                module = importlib.import_module(target.module)
+                *path, name = target.attribute.split(".")
+                owner: Any = module
+                for part in path:
+                    owner = getattr(owner, part)
+                original = getattr(owner, name)
+            except (ImportError, AttributeError):
+                _log.debug("otel_llm: %s.%s not found in this %s; skipped", target.module, target.attribute,
+                           provider.distribution)
+                continue
+            had_own = name in vars(owner)
+            if had_own:
+                original = vars(owner)[name]  # the raw descriptor, so restoring is exact
+            wrapper = wrapt.FunctionWrapper(original, target.make(telemetry))
+            setattr(owner, name, wrapper)
+            self._applied.append(_Applied(owner, name, original, had_own, wrapper))
+            count += 1
+        return count
+
+    def remove(self) -> None:
+        while self._applied:
+            applied = self._applied.pop()
+            if vars(applied.owner).get(applied.name) is not applied.wrapper:
+                _log.warning("otel_llm: %s.%s was re-patched by someone else; leaving it in place",
+                             getattr(applied.owner, "__qualname__", applied.owner), applied.name)
+                continue
+            if applied.had_own:
+                setattr(applied.owner, applied.name, applied.original)
+            else:
+                delattr(applied.owner, applied.name)
+
+
+def _installed_version(distribution: str) -> tuple[int, ...] | None:
+    try:
+        raw = importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    parts: list[int] = []
+    for piece in raw.split(".")[:3]:
+        digits = re.match(r"\d+", piece)
+        if digits is None:
+            break
+        parts.append(int(digits.group()))
+    return tuple(parts)

@@ -1,0 +1,253 @@
+"""Every name otel_llm emits: metrics, units, attributes, enum values and bucket boundaries.
+
+No other module spells a ``gen_ai.`` or ``otel_llm.`` name; dashboards, alert rules and tests import them
+from here. Default names follow the OpenTelemetry GenAI semantic conventions as released in v1.41; the
+``gen_ai_latest_experimental`` opt-in switches to the newer GenAI conventions repository (DESIGN.md section 3).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+# --- attributes -----------------------------------------------------------------------------------------------
+
+OPERATION_NAME: Final = "gen_ai.operation.name"
+PROVIDER_NAME: Final = "gen_ai.provider.name"
+REQUEST_MODEL: Final = "gen_ai.request.model"
+REQUEST_STREAM: Final = "gen_ai.request.stream"
+REQUEST_MAX_TOKENS: Final = "gen_ai.request.max_tokens"
+REQUEST_TEMPERATURE: Final = "gen_ai.request.temperature"
+REQUEST_TOP_P: Final = "gen_ai.request.top_p"
+REQUEST_FREQUENCY_PENALTY: Final = "gen_ai.request.frequency_penalty"
+REQUEST_PRESENCE_PENALTY: Final = "gen_ai.request.presence_penalty"
+REQUEST_STOP_SEQUENCES: Final = "gen_ai.request.stop_sequences"
+REQUEST_SEED: Final = "gen_ai.request.seed"
+REQUEST_CHOICE_COUNT: Final = "gen_ai.request.choice.count"
+REQUEST_ENCODING_FORMATS: Final = "gen_ai.request.encoding_formats"
+OUTPUT_TYPE: Final = "gen_ai.output.type"
+RESPONSE_ID: Final = "gen_ai.response.id"
+RESPONSE_MODEL: Final = "gen_ai.response.model"
+RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
+RESPONSE_TIME_TO_FIRST_CHUNK: Final = "gen_ai.response.time_to_first_chunk"
+USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
+USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+USAGE_CACHE_READ_INPUT_TOKENS: Final = "gen_ai.usage.cache_read.input_tokens"
+USAGE_CACHE_CREATION_INPUT_TOKENS: Final = "gen_ai.usage.cache_creation.input_tokens"
+USAGE_REASONING_OUTPUT_TOKENS: Final = "gen_ai.usage.reasoning.output_tokens"
+TOKEN_TYPE: Final = "gen_ai.token.type"
+INPUT_MESSAGES: Final = "gen_ai.input.messages"
+OUTPUT_MESSAGES: Final = "gen_ai.output.messages"
+SYSTEM_INSTRUCTIONS: Final = "gen_ai.system_instructions"
+SERVER_ADDRESS: Final = "server.address"
+SERVER_PORT: Final = "server.port"
+ERROR_TYPE: Final = "error.type"
+
+# ours
+PROMPT_SIZE: Final = "otel_llm.prompt.size"
+PROMPT_LENGTH: Final = "otel_llm.prompt.length"
+TIME_PER_OUTPUT_TOKEN: Final = "otel_llm.response.time_per_output_token"
+TIME_TO_HEADERS: Final = "otel_llm.response.time_to_headers"
+MAX_CHUNK_GAP: Final = "otel_llm.response.max_chunk_gap"
+CONTENT_CHUNKS: Final = "otel_llm.response.content_chunks"
+RETRIES: Final = "otel_llm.request.retries"
+RETRY_AFTER: Final = "otel_llm.response.retry_after"
+RATE_LIMIT_RESOURCE: Final = "otel_llm.rate_limit.resource"
+RATE_LIMIT_REMAINING_PREFIX: Final = "otel_llm.rate_limit.remaining."
+RATE_LIMIT_LIMIT_PREFIX: Final = "otel_llm.rate_limit.limit."
+USAGE_INJECTED: Final = "otel_llm.request.usage_requested"
+
+# event names (content capture opt-in)
+EVENT_OPERATION_DETAILS: Final = "gen_ai.client.inference.operation.details"
+
+# --- enum values ----------------------------------------------------------------------------------------------
+
+OP_CHAT: Final = "chat"
+OP_TEXT_COMPLETION: Final = "text_completion"
+OP_EMBEDDINGS: Final = "embeddings"
+
+PROVIDER_OPENAI: Final = "openai"
+PROVIDER_AZURE_OPENAI: Final = "azure.ai.openai"
+PROVIDER_DEEPSEEK: Final = "deepseek"
+PROVIDER_GROQ: Final = "groq"
+PROVIDER_MISTRAL: Final = "mistral_ai"
+PROVIDER_PERPLEXITY: Final = "perplexity"
+PROVIDER_XAI: Final = "x_ai"
+
+TOKEN_INPUT: Final = "input"
+TOKEN_OUTPUT: Final = "output"
+
+# error.type for streams that did not run to their end
+ERROR_CANCELLED: Final = "cancelled"
+ERROR_ABANDONED: Final = "abandoned"
+
+RATE_LIMIT_REQUESTS: Final = "requests"
+RATE_LIMIT_TOKENS: Final = "tokens"
+RATE_LIMIT_INPUT_TOKENS: Final = "input_tokens"
+RATE_LIMIT_OUTPUT_TOKENS: Final = "output_tokens"
+
+# prompt-size classes in characters: (upper bound exclusive, label); the last class has no bound
+PROMPT_SIZE_CLASSES: Final[tuple[tuple[int, str], ...]] = (
+    (1_000, "<1k"),
+    (4_000, "1k-4k"),
+    (16_000, "4k-16k"),
+    (64_000, "16k-64k"),
+)
+PROMPT_SIZE_LARGEST: Final = ">=64k"
+
+
+def prompt_size_class(chars: int) -> str:
+    for bound, label in PROMPT_SIZE_CLASSES:
+        if chars < bound:
+            return label
+    return PROMPT_SIZE_LARGEST
+
+
+# --- bucket boundaries ----------------------------------------------------------------------------------------
+
+# 20 ms .. 60 s, about 1.25x apart where TTFT and durations live (0.1 s .. 5 s); 0.5, 1, 2 and 5 s are exact edges
+# so SLO thresholds sit on a bucket boundary. tests/test_buckets.py proves the p99 accuracy target.
+LATENCY_BUCKETS: Final[tuple[float, ...]] = (
+    0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.125, 0.16, 0.2, 0.25, 0.32, 0.4, 0.5, 0.63, 0.8,
+    1.0, 1.25, 1.6, 2.0, 2.5, 3.2, 4.0, 5.0, 6.5, 8.0, 10.0, 13.0, 17.0, 23.0, 30.0, 45.0, 60.0,
+)
+# 1 ms .. 1 s for gaps between chunks and per-token times
+CHUNK_BUCKETS: Final[tuple[float, ...]] = (
+    0.0005, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.005, 0.0065, 0.008, 0.01, 0.0125, 0.016, 0.02, 0.025,
+    0.032, 0.04, 0.05, 0.065, 0.08, 0.1, 0.125, 0.16, 0.2, 0.25, 0.32, 0.4, 0.5, 0.65, 0.8, 1.0, 2.0,
+)
+# powers of 4 from 1, as the conventions advise for token counts
+COUNT_BUCKETS: Final[tuple[float, ...]] = tuple(float(4**i) for i in range(14))
+
+
+# --- metric instruments ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Instrument:
+    name: str
+    unit: str
+    description: str
+    buckets: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class MetricNames:
+    """One naming scheme. ``input_tokens``/``output_tokens`` split usage by type where ``token_usage`` is one
+    histogram with a ``gen_ai.token.type`` attribute; ``usage_counters`` adds counters beside them."""
+
+    duration: Instrument
+    time_to_first_chunk: Instrument
+    time_per_output_chunk: Instrument
+    token_usage: Instrument | None
+    input_tokens: Instrument | None
+    output_tokens: Instrument | None
+    input_token_counter: Instrument | None
+    output_token_counter: Instrument | None
+    time_per_output_token: Instrument
+    prompt_length: Instrument
+    rate_limit_remaining: Instrument
+    rate_limit_limit: Instrument
+
+
+_TPOT = Instrument(
+    "otel_llm.client.time_per_output_token",
+    "s",
+    "Per request: (last content chunk - first content chunk) / (output tokens - 1).",
+    CHUNK_BUCKETS,
+)
+_PROMPT_LENGTH = Instrument(
+    "otel_llm.client.prompt.length", "{char}", "Characters of all input text sent, measured before the call.",
+    COUNT_BUCKETS,
+)
+_RATE_REMAINING = Instrument(
+    "otel_llm.client.rate_limit.remaining", "{1}", "Rate-limit headroom the provider reported on its last response."
+)
+_RATE_LIMIT = Instrument(
+    "otel_llm.client.rate_limit.limit", "{1}", "Rate limit the provider reported on its last response."
+)
+
+STABLE_NAMES: Final = MetricNames(
+    duration=Instrument(
+        "gen_ai.client.operation.duration", "s", "GenAI operation duration, request issued to response received.",
+        LATENCY_BUCKETS,
+    ),
+    time_to_first_chunk=Instrument(
+        "gen_ai.client.operation.time_to_first_chunk", "s",
+        "Time from the request being issued to the first chunk that carries output content.", LATENCY_BUCKETS,
+    ),
+    time_per_output_chunk=Instrument(
+        "gen_ai.client.operation.time_per_output_chunk", "s",
+        "Gap between consecutive content chunks of a streamed response.", CHUNK_BUCKETS,
+    ),
+    token_usage=Instrument("gen_ai.client.token.usage", "{token}", "Number of input and output tokens used.",
+                           COUNT_BUCKETS),
+    input_tokens=None,
+    output_tokens=None,
+    input_token_counter=None,
+    output_token_counter=None,
+    time_per_output_token=_TPOT,
+    prompt_length=_PROMPT_LENGTH,
+    rate_limit_remaining=_RATE_REMAINING,
+    rate_limit_limit=_RATE_LIMIT,
+)
+
+LATEST_EXPERIMENTAL_NAMES: Final = MetricNames(
+    duration=Instrument(
+        "gen_ai.client.inference.duration", "s", "GenAI inference duration, request issued to response received.",
+        LATENCY_BUCKETS,
+    ),
+    time_to_first_chunk=Instrument(
+        "gen_ai.client.inference.time_to_first_chunk", "s",
+        "Time from the request being issued to the first chunk that carries output content.", LATENCY_BUCKETS,
+    ),
+    time_per_output_chunk=Instrument(
+        "gen_ai.client.inference.time_per_output_chunk", "s",
+        "Gap between consecutive content chunks of a streamed response.", CHUNK_BUCKETS,
+    ),
+    token_usage=None,
+    input_tokens=Instrument("gen_ai.client.operation.input_tokens", "{token}", "Input tokens per operation.",
+                            COUNT_BUCKETS),
+    output_tokens=Instrument("gen_ai.client.operation.output_tokens", "{token}", "Output tokens per operation.",
+                             COUNT_BUCKETS),
+    input_token_counter=Instrument("gen_ai.client.inference.usage.input_tokens", "{token}", "Input tokens used."),
+    output_token_counter=Instrument("gen_ai.client.inference.usage.output_tokens", "{token}", "Output tokens used."),
+    time_per_output_token=_TPOT,
+    prompt_length=_PROMPT_LENGTH,
+    rate_limit_remaining=_RATE_REMAINING,
+    rate_limit_limit=_RATE_LIMIT,
+)
+
+# OTEL_SEMCONV_STABILITY_OPT_IN value that selects LATEST_EXPERIMENTAL_NAMES
+LATEST_EXPERIMENTAL_OPT_IN: Final = "gen_ai_latest_experimental"
+
+INSTRUMENTATION_SCOPE: Final = "otel_llm"
+
+
+# --- Prometheus names -----------------------------------------------------------------------------------------
+
+# units as the Prometheus exporters (Python SDK, Collector) spell them in a metric name; {annotations} vanish
+_PROMETHEUS_UNITS: Final[dict[str, str]] = {"s": "seconds", "ms": "milliseconds", "By": "bytes", "1": ""}
+_NOT_IN_LABEL: Final = re.compile(r"[^A-Za-z0-9]+")
+_NOT_IN_METRIC: Final = re.compile(r"[^A-Za-z0-9:]+")
+
+
+def prometheus_name(item: Instrument | str) -> str:
+    """The name Prometheus sees (DESIGN.md section 5) for an instrument or an attribute key.
+
+    Attribute keys become labels: each run of characters outside ``[A-Za-z0-9]`` becomes ``_``. Instruments become
+    families: the same, keeping ``:``, plus the unit as a suffix (``s`` -> ``_seconds``; ``{token}`` adds
+    nothing). Series add ``_bucket``/``_sum``/``_count`` to a histogram's family and ``_total`` to a counter's.
+    """
+    if isinstance(item, str):
+        return _NOT_IN_LABEL.sub("_", item)
+    name = _NOT_IN_METRIC.sub("_", item.name)
+    unit = item.unit
+    if unit.startswith("{") and unit.endswith("}"):
+        unit = ""
+    elif unit in _PROMETHEUS_UNITS:
+        unit = _PROMETHEUS_UNITS[unit]
+    else:
+        raise ValueError(f"no Prometheus spelling known for unit {item.unit!r} of {item.name}")
+    return f"{name}_{unit}" if unit and not name.endswith(f"_{unit}") else name

@@ -1,0 +1,205 @@
+"""Proxies around what an SDK call hands back when the response is not complete yet.
+
+A stream proxy notes chunk times and usage in O(1) per chunk and finishes its Operation exactly once: exhausted,
+closed, ``with`` exit, error, cancellation, or garbage collected without any of those (``abandoned``). A response
+proxy stands for a raw/streaming HTTP response whose ``parse()`` hands out the stream or the final object later.
+They subclass wrapt's proxy so ``isinstance(proxy, openai.Stream)`` and every SDK attribute keep working.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import wrapt
+
+from otel_llm import _semconv as sc
+from otel_llm._safety import report_failure
+
+if TYPE_CHECKING:
+    from otel_llm._operation import Operation
+    from otel_llm._telemetry import Telemetry
+
+# (operation, chunk) -> True when the chunk is ours (a usage chunk the caller did not ask for) and must be hidden
+Observe = Callable[["Operation", Any], bool]
+# (operation, parsed result) -> what the caller gets: the result, or a stream proxy around it
+Adopt = Callable[["Operation", Any], Any]
+
+
+class _StreamLifecycle(wrapt.ObjectProxy):  # type: ignore[misc]
+    """State and finish paths shared by the sync and async proxies; they differ only in the I/O step."""
+
+    def __init__(self, wrapped: Any, op: Operation, telemetry: Telemetry, observe: Observe) -> None:
+        super().__init__(wrapped)
+        self._self_op = op
+        self._self_telemetry = telemetry
+        self._self_observe = observe
+
+    def _self_hide(self, chunk: Any) -> bool:
+        try:
+            return self._self_observe(self._self_op, chunk)
+        except Exception:
+            report_failure("stream chunk")
+            return False
+
+    def _self_end(self, error: BaseException | str | None) -> None:
+        self._self_telemetry.finish(self._self_op, error)
+
+    def _self_closed(self) -> None:
+        """The consumer closed the stream; before its end that is a cancellation."""
+        self._self_telemetry.finish(self._self_op, sc.ERROR_CANCELLED)
+
+    def __del__(self) -> None:
+        try:
+            op = self._self_op
+            if not op.finished:
+                # nobody closed it: end where activity was last seen, not at collection time
+                self._self_telemetry.finish(op, sc.ERROR_ABANDONED, end_ns=op.last_activity_ns)
+        except Exception:
+            report_failure("stream finalizer")
+
+
+class StreamProxy(_StreamLifecycle):
+    def __iter__(self) -> StreamProxy:
+        return self
+
+    def __next__(self) -> Any:
+        while True:
+            try:
+                chunk = self.__wrapped__.__next__()
+            except StopIteration:
+                self._self_end(None)
+                raise
+            except BaseException as exc:
+                self._self_end(exc)
+                raise
+            if not self._self_hide(chunk):
+                return chunk
+
+    def __enter__(self) -> StreamProxy:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        try:
+            self.__wrapped__.close()
+        finally:
+            self._self_closed()
+
+
+class AsyncStreamProxy(_StreamLifecycle):
+    def __aiter__(self) -> AsyncStreamProxy:
+        return self
+
+    async def __anext__(self) -> Any:
+        while True:
+            try:
+                chunk = await self.__wrapped__.__anext__()
+            except StopAsyncIteration:
+                self._self_end(None)
+                raise
+            except BaseException as exc:
+                self._self_end(exc)
+                raise
+            if not self._self_hide(chunk):
+                return chunk
+
+    async def __aenter__(self) -> AsyncStreamProxy:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        try:
+            await self.__wrapped__.close()
+        finally:
+            self._self_closed()
+
+
+def closed_by_helper(raw_stream: object) -> None:
+    """An SDK helper closed the HTTP response under a stream it wraps, bypassing the stream's own close()."""
+    if isinstance(raw_stream, _StreamLifecycle):
+        raw_stream._self_closed()
+
+
+class _ResponseLifecycle(wrapt.ObjectProxy):  # type: ignore[misc]
+    def __init__(self, wrapped: Any, op: Operation, telemetry: Telemetry, adopt: Adopt) -> None:
+        super().__init__(wrapped)
+        self._self_op = op
+        self._self_telemetry = telemetry
+        self._self_adopt = adopt
+        self._self_parsed: tuple[Any, Any] | None = None
+
+    def _self_hand_out(self, parsed: Any) -> Any:
+        # the SDK caches parse() results: hand out one proxy per parsed object too
+        if self._self_parsed is not None and self._self_parsed[0] is parsed:
+            return self._self_parsed[1]
+        try:
+            handed = self._self_adopt(self._self_op, parsed)
+        except Exception:
+            report_failure("parse")
+            handed = parsed
+        self._self_parsed = (parsed, handed)
+        return handed
+
+    def _self_fail(self, exc: BaseException) -> None:
+        self._self_telemetry.finish(self._self_op, exc)
+
+    def _self_released(self) -> None:
+        handed = self._self_parsed[1] if self._self_parsed is not None else None
+        if isinstance(handed, _StreamLifecycle):
+            handed._self_closed()
+        else:
+            # the body was read raw or not at all: what was measured is the duration
+            self._self_telemetry.finish(self._self_op)
+
+    def __del__(self) -> None:
+        try:
+            op = self._self_op
+            if not op.finished and self._self_parsed is None:
+                self._self_telemetry.finish(op, sc.ERROR_ABANDONED, end_ns=op.last_activity_ns)
+        except Exception:
+            report_failure("response finalizer")
+
+
+class ResponseProxy(_ResponseLifecycle):
+    """A raw or streaming response whose ``parse()`` and ``close()`` are synchronous."""
+
+    def parse(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            parsed = self.__wrapped__.parse(*args, **kwargs)
+        except BaseException as exc:
+            self._self_fail(exc)
+            raise
+        return self._self_hand_out(parsed)
+
+    def close(self) -> None:
+        try:
+            self.__wrapped__.close()
+        finally:
+            self._self_released()
+
+
+class AsyncResponseProxy(_ResponseLifecycle):
+    """A streaming response of the async client: ``parse()`` and ``close()`` are coroutines."""
+
+    async def parse(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            parsed = await self.__wrapped__.parse(*args, **kwargs)
+        except BaseException as exc:
+            self._self_fail(exc)
+            raise
+        return self._self_hand_out(parsed)
+
+    async def close(self) -> None:
+        try:
+            await self.__wrapped__.close()
+        finally:
+            self._self_released()
+

@@ -1,0 +1,231 @@
+"""The telemetry core: instruments made once; an Operation begins a span and, when it finishes, becomes that
+span's attributes and its metric points. The only module that touches spans and meters."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from array import array
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from otel_llm import _semconv as sc
+from otel_llm._operation import Operation, Request
+from otel_llm._safety import report_failure
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import Meter
+    from opentelemetry.trace import Tracer
+
+    from otel_llm._settings import Settings
+
+_NS = 1e9
+
+
+class Telemetry:
+    def __init__(self, tracer: Tracer, meter: Meter, settings: Settings) -> None:
+        self.settings = settings
+        self._tracer = tracer
+        self._gap_rate = settings.chunk_gap_sample_rate
+        names = settings.metric_names
+
+        def histogram(instrument: sc.Instrument | None) -> Any:
+            if instrument is None:
+                return None
+            return meter.create_histogram(
+                instrument.name, unit=instrument.unit, description=instrument.description,
+                explicit_bucket_boundaries_advisory=list(instrument.buckets),
+            )
+
+        def counter(instrument: sc.Instrument | None) -> Any:
+            if instrument is None:
+                return None
+            return meter.create_counter(instrument.name, unit=instrument.unit, description=instrument.description)
+
+        self._duration = histogram(names.duration)
+        self._ttfc = histogram(names.time_to_first_chunk)
+        self._chunk_gap = histogram(names.time_per_output_chunk)
+        self._token_usage = histogram(names.token_usage)
+        self._input_tokens = histogram(names.input_tokens)
+        self._output_tokens = histogram(names.output_tokens)
+        self._input_counter = counter(names.input_token_counter)
+        self._output_counter = counter(names.output_token_counter)
+        self._tpot = histogram(names.time_per_output_token)
+        self._prompt_length = histogram(names.prompt_length)
+        rl_remaining, rl_limit = names.rate_limit_remaining, names.rate_limit_limit
+        self._rate_remaining = meter.create_gauge(rl_remaining.name, unit=rl_remaining.unit,
+                                                  description=rl_remaining.description)
+        self._rate_limit = meter.create_gauge(rl_limit.name, unit=rl_limit.unit, description=rl_limit.description)
+
+    # --- lifecycle -------------------------------------------------------------------------------------------
+
+    def begin(self, request: Request) -> Operation:
+        """Open the span; the clock starts last, just before the caller issues the request."""
+        attributes: dict[str, Any] = {sc.OPERATION_NAME: request.operation, sc.PROVIDER_NAME: request.provider}
+        if request.model is not None:
+            attributes[sc.REQUEST_MODEL] = request.model
+        if request.server_address is not None:
+            attributes[sc.SERVER_ADDRESS] = request.server_address
+        if request.server_port is not None:
+            attributes[sc.SERVER_PORT] = request.server_port
+        attributes[sc.REQUEST_STREAM] = request.stream
+        if request.prompt_chars is not None:
+            attributes[sc.PROMPT_LENGTH] = request.prompt_chars
+        attributes.update(request.attributes)
+        name = f"{request.operation} {request.model}" if request.model else request.operation
+        start_epoch_ns = time.time_ns()
+        span = self._tracer.start_span(name, kind=SpanKind.CLIENT, attributes=attributes, start_time=start_epoch_ns)
+        op = Operation(request=request, start_ns=0, start_epoch_ns=start_epoch_ns, span=span)
+        if request.stream and self._gap_rate and (self._gap_rate >= 1.0 or random.random() < self._gap_rate):
+            op.gaps_ns = array("q")
+        op.start_ns = op.last_activity_ns = time.perf_counter_ns()
+        return op
+
+    def activate(self, op: Operation) -> object:
+        """Make the span current while the SDK call runs (retries, HTTP spans of other instrumentations)."""
+        return otel_context.attach(trace.set_span_in_context(op.span))
+
+    def deactivate(self, token: object) -> None:
+        otel_context.detach(token)  # type: ignore[arg-type]
+
+    def finish(self, op: Operation, error: BaseException | str | None = None, end_ns: int | None = None) -> None:
+        """End the operation exactly once: ERROR status and error.type are set before the span ends."""
+        if isinstance(error, BaseException):
+            error_type = sc.ERROR_CANCELLED if isinstance(error, asyncio.CancelledError) else type(error).__name__
+        else:
+            error_type = error
+        if not op.close(time.perf_counter_ns() if end_ns is None else end_ns, error_type):
+            return
+        try:
+            self._end_span(op, error if isinstance(error, BaseException) else None)
+            self._record_metrics(op)
+        except Exception:
+            report_failure("finish")
+
+    # --- writing ---------------------------------------------------------------------------------------------
+
+    def _end_span(self, op: Operation, exception: BaseException | None) -> None:
+        span = op.span
+        end_epoch_ns = op.start_epoch_ns + (op.end_ns - op.start_ns)
+        if not span.is_recording():
+            span.end(end_time=end_epoch_ns)
+            return
+        attributes: dict[str, Any] = {}
+        if op.response_id is not None:
+            attributes[sc.RESPONSE_ID] = op.response_id
+        if op.response_model is not None:
+            attributes[sc.RESPONSE_MODEL] = op.response_model
+        if op.finish_reasons:
+            attributes[sc.RESPONSE_FINISH_REASONS] = op.finish_reasons
+        for key, value in (
+            (sc.USAGE_INPUT_TOKENS, op.input_tokens),
+            (sc.USAGE_OUTPUT_TOKENS, op.output_tokens),
+            (sc.USAGE_CACHE_READ_INPUT_TOKENS, op.cache_read_tokens),
+            (sc.USAGE_CACHE_CREATION_INPUT_TOKENS, op.cache_creation_tokens),
+            (sc.USAGE_REASONING_OUTPUT_TOKENS, op.reasoning_tokens),
+            (sc.RETRY_AFTER, op.retry_after),
+        ):
+            if value is not None:
+                attributes[key] = value
+        if op.request.stream:
+            attributes[sc.CONTENT_CHUNKS] = op.content_chunks
+            if op.first_content_ns:
+                attributes[sc.RESPONSE_TIME_TO_FIRST_CHUNK] = (op.first_content_ns - op.start_ns) / _NS
+            if op.content_chunks > 1:
+                attributes[sc.MAX_CHUNK_GAP] = op.max_gap_ns / _NS
+            tpot = _time_per_output_token(op)
+            if tpot is not None:
+                attributes[sc.TIME_PER_OUTPUT_TOKEN] = tpot
+        if op.headers_ns:
+            attributes[sc.TIME_TO_HEADERS] = (op.headers_ns - op.start_ns) / _NS
+        if op.retries:
+            attributes[sc.RETRIES] = op.retries
+        if op.hide_usage_chunk:
+            attributes[sc.USAGE_INJECTED] = True
+        for resource, (remaining, limit) in op.rate_limits.items():
+            if remaining is not None:
+                attributes[sc.RATE_LIMIT_REMAINING_PREFIX + resource] = remaining
+            if limit is not None:
+                attributes[sc.RATE_LIMIT_LIMIT_PREFIX + resource] = limit
+        if self.settings.capture_content.on_span:
+            attributes.update(_content_attributes(op))
+        if op.error_type is not None:
+            attributes[sc.ERROR_TYPE] = op.error_type
+            span.set_status(Status(StatusCode.ERROR, op.error_type))
+            if exception is not None and not isinstance(exception, asyncio.CancelledError):
+                span.record_exception(exception)
+        span.set_attributes(attributes)
+        span.end(end_time=end_epoch_ns)
+
+    def _record_metrics(self, op: Operation) -> None:
+        request = op.request
+        attributes: dict[str, Any] = {sc.OPERATION_NAME: request.operation, sc.PROVIDER_NAME: request.provider}
+        if request.model is not None:
+            attributes[sc.REQUEST_MODEL] = request.model
+        if request.server_address is not None:
+            attributes[sc.SERVER_ADDRESS] = request.server_address
+        if request.server_port is not None:
+            attributes[sc.SERVER_PORT] = request.server_port
+        # rate-limit gauges describe the endpoint and model, not one call's outcome
+        for resource, (remaining, limit) in op.rate_limits.items():
+            gauge_attributes = {**attributes, sc.RATE_LIMIT_RESOURCE: resource}
+            if remaining is not None:
+                self._rate_remaining.set(remaining, gauge_attributes)
+            if limit is not None:
+                self._rate_limit.set(limit, gauge_attributes)
+        if op.response_model is not None:
+            attributes[sc.RESPONSE_MODEL] = op.response_model
+        if op.error_type is not None:
+            attributes[sc.ERROR_TYPE] = op.error_type
+        ctx = trace.set_span_in_context(op.span)
+
+        timing = {**attributes, sc.REQUEST_STREAM: request.stream}
+        if request.prompt_chars is not None:
+            timing[sc.PROMPT_SIZE] = sc.prompt_size_class(request.prompt_chars)
+            self._prompt_length.record(request.prompt_chars, attributes, context=ctx)
+        self._duration.record((op.end_ns - op.start_ns) / _NS, timing, context=ctx)
+        if request.stream and op.first_content_ns:
+            self._ttfc.record((op.first_content_ns - op.start_ns) / _NS, timing, context=ctx)
+        gaps = op.gaps_ns
+        if gaps:
+            record_gap = self._chunk_gap.record
+            for gap in gaps:
+                record_gap(gap / _NS, attributes, context=ctx)
+        tpot = _time_per_output_token(op)
+        if tpot is not None:
+            self._tpot.record(tpot, attributes, context=ctx)
+        for token_type, count, histogram, counter in (
+            (sc.TOKEN_INPUT, op.input_tokens, self._input_tokens, self._input_counter),
+            (sc.TOKEN_OUTPUT, op.output_tokens, self._output_tokens, self._output_counter),
+        ):
+            if count is None:
+                continue
+            if self._token_usage is not None:
+                self._token_usage.record(count, {**attributes, sc.TOKEN_TYPE: token_type}, context=ctx)
+            if histogram is not None:
+                histogram.record(count, attributes, context=ctx)
+            if counter is not None:
+                counter.add(count, attributes, context=ctx)
+
+
+def _time_per_output_token(op: Operation) -> float | None:
+    """True TPOT: the spread of content chunks over the tokens after the first; unknown without a token count."""
+    tokens = op.output_tokens
+    if not op.request.stream or tokens is None or tokens < 2 or not op.first_content_ns:
+        return None
+    return (op.last_content_ns - op.first_content_ns) / _NS / (tokens - 1)
+
+
+def _content_attributes(op: Operation) -> dict[str, str]:
+    attributes: dict[str, str] = {}
+    if op.request.input_messages is not None:
+        attributes[sc.INPUT_MESSAGES] = json.dumps(op.request.input_messages, default=str)
+    if op.output_text is not None:
+        output = [{"role": "assistant", "parts": [{"type": "text", "content": "".join(op.output_text)}]}]
+        attributes[sc.OUTPUT_MESSAGES] = json.dumps(output)
+    return attributes

@@ -1,0 +1,427 @@
+"""The openai client: what its calls, responses, chunks and headers mean, as plain values. No spans, no meters.
+
+Covers chat completions (``create``, ``parse``, the ``stream()`` helper), the Responses API (``create``, ``parse``,
+``stream()``), legacy completions and embeddings, sync and async, including ``with_raw_response`` and
+``with_streaming_response``. OpenAI-compatible servers and Azure OpenAI go through the same client classes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import openai
+from openai import APIResponse, AsyncAPIResponse, AsyncStream, Stream
+from openai._legacy_response import LegacyAPIResponse
+
+from otel_llm import _semconv as sc
+from otel_llm._calls import Kind, after, async_call, hook, sync_call
+from otel_llm._operation import Request
+from otel_llm._patching import Provider, Target
+from otel_llm._stream import closed_by_helper
+
+if TYPE_CHECKING:
+    from otel_llm._operation import Operation
+    from otel_llm._settings import Settings
+
+_KNOWN_HOSTS: Mapping[str, str] = {
+    "api.groq.com": sc.PROVIDER_GROQ,
+    "api.deepseek.com": sc.PROVIDER_DEEPSEEK,
+    "api.x.ai": sc.PROVIDER_XAI,
+    "api.mistral.ai": sc.PROVIDER_MISTRAL,
+    "api.perplexity.ai": sc.PROVIDER_PERPLEXITY,
+}
+
+_RATE_LIMIT_HEADERS: tuple[tuple[str, str, str], ...] = (
+    (sc.RATE_LIMIT_REQUESTS, "x-ratelimit-remaining-requests", "x-ratelimit-limit-requests"),
+    (sc.RATE_LIMIT_TOKENS, "x-ratelimit-remaining-tokens", "x-ratelimit-limit-tokens"),
+)
+
+# Responses API stream events that carry output: the first of them is the first token
+_RESPONSES_CONTENT_EVENTS = frozenset({
+    "response.output_text.delta",
+    "response.refusal.delta",
+    "response.function_call_arguments.delta",
+    "response.custom_tool_call_input.delta",
+    "response.reasoning_text.delta",
+    "response.reasoning_summary_text.delta",
+    "response.audio.delta",
+    "response.audio.transcript.delta",
+    "response.code_interpreter_call_code.delta",
+    "response.mcp_call_arguments.delta",
+})
+_RESPONSES_FINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+_clock = time.perf_counter_ns
+
+
+# --- request side ----------------------------------------------------------------------------------------------
+
+
+def _provider_and_server(resource: Any) -> tuple[str, str | None, int | None]:
+    client = getattr(resource, "_client", None)
+    url = getattr(client, "base_url", None)
+    host: str | None = getattr(url, "host", None) or None
+    port: int | None = None
+    if url is not None:
+        port = url.port or (443 if url.scheme == "https" else 80)
+    client_type = type(client).__name__
+    if "Azure" in client_type or (host is not None and host.endswith(".openai.azure.com")):
+        provider = sc.PROVIDER_AZURE_OPENAI
+    elif "Bedrock" in client_type:
+        provider = "aws.bedrock"
+    else:
+        provider = _KNOWN_HOSTS.get(host or "", sc.PROVIDER_OPENAI)
+    return provider, host, port
+
+
+def _number(value: object) -> float | int | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value
+
+
+def _text_chars(value: object) -> int:
+    """Characters of text in a prompt value: a string, or messages/parts/items holding text."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, Mapping):
+        total = 0
+        for key in ("content", "text", "output"):
+            if key in value:
+                total += _text_chars(value[key])
+        return total
+    if isinstance(value, (list, tuple)):
+        return sum(_text_chars(item) for item in value)
+    content = getattr(value, "content", None)  # a message object the caller passed back in
+    return _text_chars(content) if content is not None else 0
+
+
+def _message_content(value: object) -> object:
+    """A JSON-friendly copy of what was sent, for opt-in content capture only."""
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _message_content(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_message_content(v) for v in value]
+    dump = getattr(value, "model_dump", None)
+    return dump() if callable(dump) else str(value)
+
+
+def _request_parameters(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    attributes: dict[str, Any] = {}
+    for key, name in (
+        ("temperature", sc.REQUEST_TEMPERATURE),
+        ("top_p", sc.REQUEST_TOP_P),
+        ("frequency_penalty", sc.REQUEST_FREQUENCY_PENALTY),
+        ("presence_penalty", sc.REQUEST_PRESENCE_PENALTY),
+        ("seed", sc.REQUEST_SEED),
+    ):
+        value = _number(kwargs.get(key))
+        if value is not None:
+            attributes[name] = value
+    max_tokens = _number(kwargs.get("max_completion_tokens")) or _number(kwargs.get("max_tokens")) \
+        or _number(kwargs.get("max_output_tokens"))
+    if max_tokens is not None:
+        attributes[sc.REQUEST_MAX_TOKENS] = max_tokens
+    n = _number(kwargs.get("n"))
+    if n is not None and n != 1:
+        attributes[sc.REQUEST_CHOICE_COUNT] = n
+    stop = kwargs.get("stop")
+    if isinstance(stop, str):
+        attributes[sc.REQUEST_STOP_SEQUENCES] = [stop]
+    elif isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop):
+        attributes[sc.REQUEST_STOP_SEQUENCES] = list(stop)
+    return attributes
+
+
+# --- response side ---------------------------------------------------------------------------------------------
+
+
+def _read_headers(op: Operation, headers: Any) -> None:
+    if headers is None:
+        return
+    for resource, remaining_key, limit_key in _RATE_LIMIT_HEADERS:
+        remaining, limit = _header_number(headers, remaining_key), _header_number(headers, limit_key)
+        if remaining is not None or limit is not None:
+            op.rate_limits[resource] = (remaining, limit)
+    retry_after_ms = _header_number(headers, "retry-after-ms")
+    retry_after = retry_after_ms / 1000 if retry_after_ms is not None else _header_number(headers, "retry-after")
+    if retry_after is not None:
+        op.retry_after = retry_after
+
+
+def _header_number(headers: Any, key: str) -> float | None:
+    raw = headers.get(key)
+    if raw is None:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        return None  # e.g. an HTTP date in retry-after: not a duration we can use without a clock guess
+
+
+def _read_chat_usage(op: Operation, usage: Any) -> None:
+    op.input_tokens = usage.prompt_tokens
+    op.output_tokens = usage.completion_tokens
+    details = getattr(usage, "prompt_tokens_details", None)
+    if details is not None and details.cached_tokens is not None:
+        op.cache_read_tokens = details.cached_tokens
+    details = getattr(usage, "completion_tokens_details", None)
+    if details is not None and details.reasoning_tokens is not None:
+        op.reasoning_tokens = details.reasoning_tokens
+
+
+def _read_responses_usage(op: Operation, response: Any) -> None:
+    op.response_id = response.id
+    op.response_model = response.model
+    status = response.status
+    incomplete = getattr(response, "incomplete_details", None)
+    if status == "incomplete" and incomplete is not None and incomplete.reason:
+        op.finish_reasons = [incomplete.reason]
+    elif status:
+        op.finish_reasons = [status]
+    usage = response.usage
+    if usage is None:
+        return
+    op.input_tokens = usage.input_tokens
+    op.output_tokens = usage.output_tokens
+    if usage.input_tokens_details is not None:
+        op.cache_read_tokens = usage.input_tokens_details.cached_tokens
+    if usage.output_tokens_details is not None:
+        op.reasoning_tokens = usage.output_tokens_details.reasoning_tokens
+
+
+# --- endpoints -------------------------------------------------------------------------------------------------
+
+
+class _Endpoint:
+    operation = sc.OP_CHAT
+    prompt_keys: tuple[str, ...] = ()
+    stream_usage = False  # does this endpoint take stream_options.include_usage?
+
+    def describe(self, instance: Any, kwargs: dict[str, Any], settings: Settings) -> Request:
+        provider, host, port = _provider_and_server(instance)
+        model = kwargs.get("model")
+        prompt = [kwargs[key] for key in self.prompt_keys if isinstance(kwargs.get(key), (str, list, tuple))]
+        return Request(
+            operation=self.operation,
+            provider=provider,
+            model=model if isinstance(model, str) else None,
+            server_address=host,
+            server_port=port,
+            stream=kwargs.get("stream") is True,
+            prompt_chars=_text_chars(prompt) if prompt else None,
+            attributes=_request_parameters(kwargs),
+            input_messages=_message_content(prompt) if settings.capture_content.on_span and prompt else None,
+        )
+
+    def prepare(self, op: Operation, kwargs: dict[str, Any], settings: Settings) -> dict[str, Any]:
+        if settings.capture_content.on_span:
+            op.output_text = []
+        if not (self.stream_usage and op.request.stream and settings.stream_usage):
+            return kwargs
+        options = kwargs.get("stream_options")
+        if isinstance(options, Mapping):
+            if "include_usage" in options:
+                return kwargs  # the caller decided, either way
+            options = {**options, "include_usage": True}
+        else:
+            options = {"include_usage": True}
+        op.hide_usage_chunk = True
+        return {**kwargs, "stream_options": options}
+
+    def kind(self, op: Operation, result: Any) -> Kind:
+        if isinstance(result, Stream):
+            return Kind.STREAM
+        if isinstance(result, AsyncStream):
+            return Kind.ASYNC_STREAM
+        if isinstance(result, LegacyAPIResponse):
+            return Kind.RESPONSE if op.request.stream else Kind.RAW_READ
+        if isinstance(result, AsyncAPIResponse):
+            return Kind.ASYNC_RESPONSE
+        if isinstance(result, APIResponse):
+            return Kind.RESPONSE
+        return Kind.COMPLETE
+
+    def read(self, op: Operation, result: Any) -> None:
+        raise NotImplementedError
+
+    def read_error(self, op: Operation, error: BaseException) -> None:
+        if isinstance(error, openai.APIStatusError):
+            _read_headers(op, error.response.headers)
+
+    def observe(self, op: Operation, chunk: Any) -> bool:
+        raise NotImplementedError
+
+
+class _ChatCompletions(_Endpoint):
+    prompt_keys = ("messages",)
+    stream_usage = True
+
+    def read(self, op: Operation, result: Any) -> None:
+        op.response_id = result.id
+        op.response_model = result.model
+        op.finish_reasons = [choice.finish_reason for choice in result.choices if choice.finish_reason]
+        if result.usage is not None:
+            _read_chat_usage(op, result.usage)
+        if op.output_text is not None and result.choices:
+            op.output_text.append(result.choices[0].message.content or "")
+
+    def observe(self, op: Operation, chunk: Any) -> bool:
+        choices = chunk.choices
+        usage = chunk.usage
+        if usage is not None:
+            _read_chat_usage(op, usage)
+        if not choices:
+            return usage is not None and op.hide_usage_chunk
+        if op.response_id is None:
+            op.response_id = chunk.id
+            op.response_model = chunk.model
+        content = False
+        for choice in choices:
+            delta = choice.delta
+            if delta.content or delta.tool_calls or delta.refusal or delta.function_call:
+                content = True
+                if op.output_text is not None and delta.content:
+                    op.output_text.append(delta.content)
+            elif delta.model_extra and (delta.model_extra.get("reasoning_content")
+                                        or delta.model_extra.get("reasoning")):
+                content = True  # reasoning deltas of OpenAI-compatible servers (vLLM, DeepSeek, ...)
+            if choice.finish_reason:
+                op.finish_reasons.append(choice.finish_reason)
+        if content:
+            op.note_content(_clock())
+        return False
+
+
+class _Responses(_Endpoint):
+    prompt_keys = ("instructions", "input")
+
+    def read(self, op: Operation, result: Any) -> None:
+        _read_responses_usage(op, result)
+        if op.output_text is not None:
+            op.output_text.append(getattr(result, "output_text", "") or "")
+
+    def observe(self, op: Operation, chunk: Any) -> bool:
+        kind = chunk.type
+        if kind in _RESPONSES_CONTENT_EVENTS:
+            op.note_content(_clock())
+            if op.output_text is not None and kind == "response.output_text.delta":
+                op.output_text.append(chunk.delta)
+        elif kind in _RESPONSES_FINAL_EVENTS:
+            _read_responses_usage(op, chunk.response)
+        elif kind == "response.created":
+            op.response_id = chunk.response.id
+            op.response_model = chunk.response.model
+        return False
+
+
+class _Completions(_Endpoint):
+    operation = sc.OP_TEXT_COMPLETION
+    prompt_keys = ("prompt",)
+    stream_usage = True
+
+    def read(self, op: Operation, result: Any) -> None:
+        op.response_id = result.id
+        op.response_model = result.model
+        op.finish_reasons = [choice.finish_reason for choice in result.choices if choice.finish_reason]
+        if result.usage is not None:
+            _read_chat_usage(op, result.usage)
+
+    def observe(self, op: Operation, chunk: Any) -> bool:
+        choices = chunk.choices
+        usage = chunk.usage
+        if usage is not None:
+            _read_chat_usage(op, usage)
+        if not choices:
+            return usage is not None and op.hide_usage_chunk
+        if op.response_id is None:
+            op.response_id = chunk.id
+            op.response_model = chunk.model
+        content = False
+        for choice in choices:
+            if choice.text:
+                content = True
+                if op.output_text is not None:
+                    op.output_text.append(choice.text)
+            if choice.finish_reason:
+                op.finish_reasons.append(choice.finish_reason)
+        if content:
+            op.note_content(_clock())
+        return False
+
+
+class _Embeddings(_Endpoint):
+    operation = sc.OP_EMBEDDINGS
+    prompt_keys = ("input",)
+
+    def describe(self, instance: Any, kwargs: dict[str, Any], settings: Settings) -> Request:
+        request = super().describe(instance, kwargs, settings)
+        encoding = kwargs.get("encoding_format")
+        if isinstance(encoding, str):
+            request.attributes[sc.REQUEST_ENCODING_FORMATS] = [encoding]
+        return request
+
+    def read(self, op: Operation, result: Any) -> None:
+        op.response_model = result.model
+        if result.usage is not None:
+            op.input_tokens = result.usage.prompt_tokens
+
+    def observe(self, op: Operation, chunk: Any) -> bool:
+        return False
+
+
+def _response_arrived(op: Operation, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    op.headers_ns = op.last_activity_ns = _clock()
+    response = kwargs.get("response")
+    _read_headers(op, getattr(response, "headers", None))
+
+
+def _retrying(op: Operation, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    op.retries += 1
+    response = kwargs.get("response")
+    if response is not None:
+        _read_headers(op, response.headers)
+
+
+def _helper_closed(helper_stream: Any) -> None:
+    closed_by_helper(getattr(helper_stream, "_raw_stream", None))
+
+
+_CHAT, _RESPONSES, _COMPLETIONS, _EMBEDDINGS = _ChatCompletions(), _Responses(), _Completions(), _Embeddings()
+_CHAT_MODULE = "openai.resources.chat.completions.completions"
+_RESPONSES_MODULE = "openai.resources.responses.responses"
+
+PROVIDER = Provider(
+    name="openai",
+    distribution="openai",
+    min_version=(1, 66),
+    below_version=(4,),
+    targets=(
+        Target(_CHAT_MODULE, "Completions.create", sync_call(_CHAT)),
+        Target(_CHAT_MODULE, "AsyncCompletions.create", async_call(_CHAT)),
+        Target(_CHAT_MODULE, "Completions.parse", sync_call(_CHAT)),
+        Target(_CHAT_MODULE, "AsyncCompletions.parse", async_call(_CHAT)),
+        Target(_RESPONSES_MODULE, "Responses.create", sync_call(_RESPONSES)),
+        Target(_RESPONSES_MODULE, "AsyncResponses.create", async_call(_RESPONSES)),
+        Target(_RESPONSES_MODULE, "Responses.parse", sync_call(_RESPONSES)),
+        Target(_RESPONSES_MODULE, "AsyncResponses.parse", async_call(_RESPONSES)),
+        Target("openai.resources.completions", "Completions.create", sync_call(_COMPLETIONS)),
+        Target("openai.resources.completions", "AsyncCompletions.create", async_call(_COMPLETIONS)),
+        Target("openai.resources.embeddings", "Embeddings.create", sync_call(_EMBEDDINGS)),
+        Target("openai.resources.embeddings", "AsyncEmbeddings.create", async_call(_EMBEDDINGS)),
+        # headers, retries: deeper in the client, on behalf of the operation running in this context
+        Target("openai._base_client", "SyncAPIClient._process_response", hook(_response_arrived)),
+        Target("openai._base_client", "AsyncAPIClient._process_response", hook(_response_arrived)),
+        Target("openai._base_client", "SyncAPIClient._sleep_for_retry", hook(_retrying)),
+        Target("openai._base_client", "AsyncAPIClient._sleep_for_retry", hook(_retrying)),
+        # the stream() helpers close the HTTP response themselves, not the stream we handed them
+        Target("openai.lib.streaming.chat._completions", "ChatCompletionStream.close", after(_helper_closed)),
+        Target("openai.lib.streaming.chat._completions", "AsyncChatCompletionStream.close", after(_helper_closed)),
+        Target("openai.lib.streaming.responses._responses", "ResponseStream.close", after(_helper_closed)),
+        Target("openai.lib.streaming.responses._responses", "AsyncResponseStream.close", after(_helper_closed)),
+    ),
+)
