@@ -1,0 +1,126 @@
+"""Shared fixtures: instrumentation into in-memory exporters, and openai clients on wire fakes."""
+
+from __future__ import annotations
+
+import os
+
+# our own failures must fail the tests instead of being logged and swallowed; set before otel_llm is imported
+os.environ["OTEL_LLM_STRICT"] = "1"
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import openai
+import pytest
+import wire
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import otel_llm
+
+API_KEY = "sk-test-secret-key-123"
+BASE_URL = "https://api.openai.com/v1"
+
+
+@dataclass
+class Captured:
+    """What the instrumentation wrote, read through the SDK's own in-memory exporter and reader."""
+
+    exporter: InMemorySpanExporter
+    reader: InMemoryMetricReader
+    tracer_provider: TracerProvider
+
+    def spans(self) -> list[ReadableSpan]:
+        return list(self.exporter.get_finished_spans())
+
+    def span(self) -> ReadableSpan:
+        spans = self.spans()
+        assert len(spans) == 1, f"expected exactly one span, got {[s.name for s in spans]}"
+        return spans[0]
+
+    def metrics(self) -> dict[str, list[Any]]:
+        """metric name -> its data points (cumulative since instrument())."""
+        data = self.reader.get_metrics_data()
+        found: dict[str, list[Any]] = {}
+        if data is None:
+            return found
+        for resource_metrics in data.resource_metrics:
+            for scope_metrics in resource_metrics.scope_metrics:
+                for metric in scope_metrics.metrics:
+                    found.setdefault(metric.name, []).extend(metric.data.data_points)
+        return found
+
+    def points(self, name: str, **attributes: Any) -> list[Any]:
+        """Data points of ``name`` whose attributes include ``attributes`` (dots spelled as keys)."""
+        wanted = {key.replace("__", "."): value for key, value in attributes.items()}
+        return [
+            point for point in self.metrics().get(name, [])
+            if all(point.attributes.get(key) == value for key, value in wanted.items())
+        ]
+
+    def point(self, name: str, **attributes: Any) -> Any:
+        points = self.points(name, **attributes)
+        assert len(points) == 1, f"{name}: expected one point, got {[dict(p.attributes) for p in points]}"
+        return points[0]
+
+
+Instrument = Callable[..., Captured]
+
+
+@pytest.fixture
+def instrument(monkeypatch: pytest.MonkeyPatch) -> Iterator[Instrument]:
+    """instrument(**env) -> Captured: instruments with in-memory providers after setting ``env``."""
+
+    def start(sampler: Any = None, **env: str) -> Captured:
+        monkeypatch.setenv("OTEL_LLM_CHUNK_GAP_SAMPLE_RATE", "1")
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        exporter = InMemorySpanExporter()
+        tracer_provider = TracerProvider(sampler=sampler) if sampler is not None else TracerProvider()
+        tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+        reader = InMemoryMetricReader()
+        otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=MeterProvider(metric_readers=[reader]))
+        return Captured(exporter, reader, tracer_provider)
+
+    yield start
+    otel_llm.uninstrument()
+
+
+@pytest.fixture
+def otel(instrument: Instrument) -> Captured:
+    return instrument()
+
+
+def openai_server(*, tokens: list[str], usage: wire.Usage, **stream_options: Any) -> Callable[
+        [wire.RecordedRequest], wire.Reply]:
+    """A chat-completions endpoint that behaves like OpenAI's: usage arrives in a last chunk only when asked."""
+
+    def answer(request: wire.RecordedRequest) -> wire.Reply:
+        body = request.json
+        if not body.get("stream"):
+            return wire.Reply.json(wire.chat_completion_body("".join(tokens), usage=usage))
+        asked = (body.get("stream_options") or {}).get("include_usage") is True
+        return wire.Reply.stream(wire.chat_stream(tokens, usage=usage if asked else None), **stream_options)
+
+    return answer
+
+
+def sync_client(replies: wire.ReplySource, **options: Any) -> tuple[openai.OpenAI, wire.Recorder]:
+    http, recorder = wire.mock_client(replies)
+    options = {"max_retries": 0, **options}
+    return openai.OpenAI(api_key=API_KEY, base_url=BASE_URL, http_client=http, **options), recorder
+
+
+def async_client(replies: wire.ReplySource, **options: Any) -> tuple[openai.AsyncOpenAI, wire.Recorder]:
+    http, recorder = wire.mock_client(replies, async_=True)
+    options = {"max_retries": 0, **options}
+    return openai.AsyncOpenAI(api_key=API_KEY, base_url=BASE_URL, http_client=http, **options), recorder
+
+
+def attributes(span: ReadableSpan) -> Mapping[str, Any]:
+    assert span.attributes is not None
+    return span.attributes

@@ -1,0 +1,225 @@
+"""The promises to the host application: its exceptions pass through unchanged, our failures never reach it,
+nothing it sends or receives is altered or leaked, and instrument/uninstrument are exact inverses."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import openai
+import pytest
+import wire
+import wrapt
+from conftest import API_KEY, Captured, Instrument, attributes, openai_server, sync_client
+from opentelemetry import trace
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from opentelemetry.trace import StatusCode
+
+import otel_llm
+from otel_llm import _safety
+from otel_llm import _semconv as sc
+from otel_llm._patching import Patches, Provider
+from otel_llm.providers import openai as openai_adapter
+
+TOKENS = ["p", "q"]
+USAGE = wire.Usage(input=3, output=2)
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def test_rate_limit_error_passes_through_with_retries_counted(otel: Captured) -> None:
+    replies = [wire.Reply.rate_limited(retry_after=0.01), wire.Reply.rate_limited(retry_after=0.01),
+               wire.Reply.rate_limited(retry_after=0.01)]
+    client, recorder = sync_client(replies, max_retries=2)
+    with pytest.raises(openai.RateLimitError) as raised:
+        client.chat.completions.create(model="m", messages=MESSAGES)
+    assert raised.value.status_code == 429
+    assert len(recorder.requests) == 3
+    span = otel.span()  # one span for the operation, retries inside it
+    attrs = attributes(span)
+    assert span.status.status_code is StatusCode.ERROR
+    assert attrs[sc.ERROR_TYPE] == "RateLimitError"
+    assert attrs[sc.RETRIES] == 2
+    assert attrs[sc.RETRY_AFTER] == 0.01
+    assert attrs[sc.RATE_LIMIT_REMAINING_PREFIX + sc.RATE_LIMIT_REQUESTS] == 0
+    duration = otel.point(sc.STABLE_NAMES.duration.name)
+    assert duration.attributes[sc.ERROR_TYPE] == "RateLimitError"
+    assert otel.point(sc.STABLE_NAMES.rate_limit_remaining.name,
+                      otel_llm__rate_limit__resource="requests").value == 0
+
+
+def test_retry_then_success_is_one_ok_span(otel: Captured) -> None:
+    client, recorder = sync_client([wire.Reply.rate_limited(retry_after=0.01),
+                                    wire.Reply.json(wire.chat_completion_body("pq", usage=USAGE))], max_retries=2)
+    client.chat.completions.create(model="m", messages=MESSAGES)
+    assert len(recorder.requests) == 2
+    attrs = attributes(otel.span())
+    assert attrs[sc.RETRIES] == 1
+    assert sc.ERROR_TYPE not in attrs
+
+
+def test_timeout_is_recorded_by_class_name(otel: Captured) -> None:
+    with wire.LoopbackServer([wire.Reply.json(wire.chat_completion_body("pq"), headers_delay=1.0)]) as server:
+        client = openai.OpenAI(api_key="k", base_url=server.base_url, max_retries=0, timeout=0.1)
+        with pytest.raises(openai.APITimeoutError):
+            client.chat.completions.create(model="m", messages=MESSAGES)
+    assert attributes(otel.span())[sc.ERROR_TYPE] == "APITimeoutError"
+
+
+def test_bad_request_error_is_the_sdks_own_object(otel: Captured) -> None:
+    client, _ = sync_client([wire.Reply.json(wire.error_body("no such model"), status=404)])
+    with pytest.raises(openai.NotFoundError, match="no such model") as raised:
+        client.chat.completions.create(model="nope", messages=MESSAGES)
+    # the traceback ends in the SDK, not in a wrapper of ours that raised something new
+    assert raised.value.__cause__ is None
+    assert attributes(otel.span())[sc.ERROR_TYPE] == "NotFoundError"
+
+
+def test_our_failure_on_an_odd_chunk_is_swallowed_and_logged_once(
+        otel: Captured, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(_safety, "strict", False)
+    monkeypatch.setattr(_safety, "_reported", set())
+    events = wire.chat_stream(TOKENS)
+    # a chunk whose choice has no delta at all: the SDK passes it on, our chunk reader cannot read it
+    odd = {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m",
+           "choices": [{"index": 0, "delta": None, "finish_reason": None}]}
+    events.insert(1, wire.sse(odd))
+    events.insert(2, wire.sse(odd))
+    client, _ = sync_client([wire.Reply.stream(events)])
+    with caplog.at_level(logging.WARNING, logger="otel_llm"):
+        chunks = list(client.chat.completions.create(model="m", messages=MESSAGES, stream=True))
+    assert len(chunks) == len(events) - 1  # every chunk reached the caller, [DONE] excepted
+    assert [r.message for r in caplog.records].count(
+        "otel_llm: internal failure in stream chunk; telemetry for this call is incomplete") == 1
+    assert otel.span().status.status_code is StatusCode.UNSET
+
+
+def test_unsampled_tracer_still_records_metrics(instrument: Instrument) -> None:
+    captured = instrument(sampler=ALWAYS_OFF)
+    client, _ = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
+    list(client.chat.completions.create(model="m", messages=MESSAGES, stream=True))
+    assert captured.spans() == []
+    ttfc = captured.point(sc.STABLE_NAMES.time_to_first_chunk.name)
+    assert ttfc.count == 1
+    assert ttfc.exemplars == []  # no sampled trace to point at
+
+
+def test_metric_points_link_to_their_trace(otel: Captured) -> None:
+    client, _ = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
+    list(client.chat.completions.create(model="m", messages=MESSAGES, stream=True))
+    span = otel.span()
+    metrics = otel.metrics()  # one collection: the SDK hands out each exemplar once
+    for name in (sc.STABLE_NAMES.duration.name, sc.STABLE_NAMES.time_to_first_chunk.name):
+        (point,) = metrics[name]
+        exemplars = point.exemplars
+        assert [e.trace_id for e in exemplars] == [span.context.trace_id]
+        assert exemplars[0].span_id == span.context.span_id
+
+
+def test_span_is_current_only_while_the_sdk_call_runs(otel: Captured) -> None:
+    seen_by_transport = []
+
+    def answer(request: wire.RecordedRequest) -> wire.Reply:
+        seen_by_transport.append(trace.get_current_span().get_span_context().span_id)
+        return wire.Reply.stream(wire.chat_stream(TOKENS))
+
+    client, _ = sync_client(answer)
+    tracer = otel.tracer_provider.get_tracer("app")
+    with tracer.start_as_current_span("handler") as outer:
+        stream = client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+        assert trace.get_current_span() is outer  # not leaked into the caller's code
+        list(stream)
+    llm = next(s for s in otel.spans() if s.name == "chat m")
+    assert seen_by_transport == [llm.context.span_id]  # an HTTP client span would be its child
+    assert llm.parent is not None and llm.parent.span_id == outer.get_span_context().span_id
+
+
+def test_no_content_and_no_secrets_by_default(otel: Captured) -> None:
+    client, _ = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
+    list(client.chat.completions.create(model="m", messages=[{"role": "user", "content": "my secret plan"}],
+                                        stream=True))
+    recorded = json.dumps({**attributes(otel.span())}, default=str)
+    recorded += json.dumps([dict(p.attributes) for points in otel.metrics().values() for p in points])
+    assert "secret plan" not in recorded and "pq" not in recorded
+    assert API_KEY not in recorded and "authorization" not in recorded.lower()
+
+
+def test_content_on_span_when_opted_in(instrument: Instrument) -> None:
+    captured = instrument(OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT="SPAN_ONLY")
+    client, _ = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
+    list(client.chat.completions.create(model="m", messages=[{"role": "user", "content": "my plan"}], stream=True))
+    attrs = attributes(captured.span())
+    assert json.loads(attrs[sc.INPUT_MESSAGES]) == [[{"role": "user", "content": "my plan"}]]
+    assert json.loads(attrs[sc.OUTPUT_MESSAGES])[0]["parts"][0]["content"] == "pq"
+    assert API_KEY not in json.dumps(dict(attrs))
+
+
+def test_instrument_twice_is_a_no_op_and_uninstrument_restores_exactly(instrument: Instrument) -> None:
+    cls = openai.resources.chat.completions.completions.Completions
+    original = vars(cls)["create"]
+    captured = instrument()
+    patched = vars(cls)["create"]
+    assert patched is not original
+    otel_llm.instrument()  # a second call changes nothing
+    assert vars(cls)["create"] is patched
+    client, _ = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
+    client.chat.completions.create(model="m", messages=MESSAGES)
+    assert len(captured.spans()) == 1
+    otel_llm.uninstrument()
+    assert vars(cls)["create"] is original
+    for target in openai_adapter.PROVIDER.targets:
+        owner_name, method = target.attribute.split(".")
+        owner = getattr(__import__(target.module, fromlist=[owner_name]), owner_name)
+        assert not isinstance(vars(owner).get(method), wrapt.FunctionWrapper), target
+    client.chat.completions.create(model="m", messages=MESSAGES)
+    assert len(captured.spans()) == 1
+
+
+def test_client_version_outside_the_known_range_is_skipped(caplog: pytest.LogCaptureFixture) -> None:
+    provider = Provider("openai", "openai", min_version=(0,), below_version=(1,),
+                        targets=openai_adapter.PROVIDER.targets)
+    with caplog.at_level(logging.WARNING, logger="otel_llm"):
+        assert Patches().apply(provider, telemetry=None) == 0  # type: ignore[arg-type]
+    assert "outside the versions otel_llm supports" in caplog.text
+    assert not isinstance(vars(openai.resources.chat.completions.completions.Completions)["create"],
+                          wrapt.FunctionWrapper)
+
+
+def test_usage_injection_can_be_turned_off(instrument: Instrument) -> None:
+    captured = instrument(OTEL_LLM_STREAM_USAGE="false")
+    client, recorder = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
+    list(client.chat.completions.create(model="m", messages=MESSAGES, stream=True))
+    assert "stream_options" not in recorder.requests[0].json
+    attrs = attributes(captured.span())
+    assert sc.USAGE_OUTPUT_TOKENS not in attrs  # unknown stays unset
+    assert sc.TIME_PER_OUTPUT_TOKEN not in attrs
+
+
+@pytest.mark.parametrize("stream_options", [{"include_usage": True}, {"include_usage": False}])
+def test_callers_own_stream_options_are_respected(otel: Captured, stream_options: dict[str, bool]) -> None:
+    client, recorder = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
+    chunks = list(client.chat.completions.create(model="m", messages=MESSAGES, stream=True,
+                                                 stream_options=stream_options))  # type: ignore[arg-type]
+    assert recorder.requests[0].json["stream_options"] == stream_options
+    asked = stream_options["include_usage"]
+    assert (chunks[-1].usage is not None) is asked  # the caller gets the usage chunk exactly when it asked
+    assert (sc.USAGE_OUTPUT_TOKENS in attributes(otel.span())) is asked
+
+
+def test_callers_other_stream_options_are_kept(otel: Captured) -> None:
+    client, recorder = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
+    options = {"include_obfuscation": False}
+    list(client.chat.completions.create(model="m", messages=MESSAGES, stream=True,
+                                        stream_options=options))  # type: ignore[arg-type]
+    assert recorder.requests[0].json["stream_options"] == {"include_obfuscation": False, "include_usage": True}
+    assert options == {"include_obfuscation": False}  # the caller's dict is not mutated
+
+
+def test_stream_seen_by_caller_is_identical_with_and_without_us(instrument: Instrument) -> None:
+    def read_all() -> list[str]:
+        client, _ = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
+        return [c.model_dump_json() for c in client.chat.completions.create(model="m", messages=MESSAGES,
+                                                                             stream=True)]
+
+    without = read_all()
+    instrument()
+    assert read_all() == without

@@ -1,0 +1,176 @@
+"""Chat completions through the real openai client, sync and async, streamed and not: one span, whole metric points."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import wire
+from conftest import Captured, async_client, attributes, openai_server, sync_client
+from opentelemetry.trace import SpanKind, StatusCode
+
+from otel_llm import _semconv as sc
+
+TOKENS = ["Hel", "lo", " world"]
+USAGE = wire.Usage(input=12, output=3, cached=4, reasoning=1)
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello"}]
+PROMPT_CHARS = len("Be brief.") + len("Say hello")
+# pauses on the wire: before the headers, then before each chunk (role-only, 3 tokens, finish, usage, [DONE])
+HEADERS_DELAY = 0.02
+DELAYS = [0.0, 0.03, 0.01, 0.01]
+
+
+def chat(is_async: bool, replies: wire.ReplySource, **kwargs: Any) -> tuple[Any, wire.Recorder]:
+    """Call chat.completions.create like an application would; a stream is read to its end."""
+    if is_async:
+        client, recorder = async_client(replies)
+
+        async def go() -> Any:
+            result = await client.chat.completions.create(**kwargs)
+            return [chunk async for chunk in result] if kwargs.get("stream") else result
+
+        return asyncio.run(go()), recorder
+    sync, recorder = sync_client(replies)
+    result = sync.chat.completions.create(**kwargs)
+    return (list(result) if kwargs.get("stream") else result), recorder
+
+
+def base_attributes() -> dict[str, Any]:
+    return {
+        sc.OPERATION_NAME: "chat",
+        sc.PROVIDER_NAME: "openai",
+        sc.REQUEST_MODEL: "gpt-4o-mini",
+        sc.SERVER_ADDRESS: "api.openai.com",
+        sc.SERVER_PORT: 443,
+    }
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_streamed_chat_is_one_span_with_latency_and_usage(otel: Captured, is_async: bool) -> None:
+    server = openai_server(tokens=TOKENS, usage=USAGE, headers_delay=HEADERS_DELAY, delays=DELAYS)
+    chunks, recorder = chat(is_async, server, model="gpt-4o-mini", messages=MESSAGES, stream=True,
+                            temperature=0.2, max_tokens=50)
+
+    # the caller sees the role chunk, three tokens and the finish chunk: not the usage chunk we asked for
+    assert [c.choices[0].delta.content for c in chunks] == ["", "Hel", "lo", " world", None]
+    assert recorder.requests[0].json["stream_options"] == {"include_usage": True}
+
+    span = otel.span()
+    assert span.name == "chat gpt-4o-mini"
+    assert span.kind is SpanKind.CLIENT
+    assert span.status.status_code is StatusCode.UNSET
+    attrs = dict(attributes(span))
+    timings = {key: attrs.pop(key) for key in (sc.RESPONSE_TIME_TO_FIRST_CHUNK, sc.MAX_CHUNK_GAP,
+                                                 sc.TIME_PER_OUTPUT_TOKEN, sc.TIME_TO_HEADERS)}
+    assert attrs == {
+        **base_attributes(),
+        sc.REQUEST_STREAM: True,
+        sc.PROMPT_LENGTH: PROMPT_CHARS,
+        sc.REQUEST_TEMPERATURE: 0.2,
+        sc.REQUEST_MAX_TOKENS: 50,
+        sc.RESPONSE_ID: "chatcmpl-abc",
+        sc.RESPONSE_MODEL: wire.CHAT_MODEL,
+        sc.RESPONSE_FINISH_REASONS: ("stop",),
+        sc.USAGE_INPUT_TOKENS: 12,
+        sc.USAGE_OUTPUT_TOKENS: 3,
+        sc.USAGE_CACHE_READ_INPUT_TOKENS: 4,
+        sc.USAGE_REASONING_OUTPUT_TOKENS: 1,
+        sc.CONTENT_CHUNKS: 3,
+        sc.USAGE_INJECTED: True,
+    }
+    # first content = headers delay + role chunk + first token's pause; the role-only chunk is not a token
+    assert 0.05 <= timings[sc.RESPONSE_TIME_TO_FIRST_CHUNK] < 0.05 + 0.03
+    assert 0.02 <= timings[sc.TIME_TO_HEADERS] < timings[sc.RESPONSE_TIME_TO_FIRST_CHUNK]
+    assert 0.01 <= timings[sc.MAX_CHUNK_GAP] < 0.02
+    # two gaps of 10 ms spread over the two tokens after the first
+    assert timings[sc.TIME_PER_OUTPUT_TOKEN] == pytest.approx(0.01, abs=0.004)
+
+    metric_attrs = {**base_attributes(), sc.RESPONSE_MODEL: wire.CHAT_MODEL}
+    timing_attrs = {**metric_attrs, sc.REQUEST_STREAM: True, sc.PROMPT_SIZE: "<1k"}
+    duration = otel.point(sc.STABLE_NAMES.duration.name)
+    assert dict(duration.attributes) == timing_attrs
+    assert duration.count == 1 and duration.sum >= timings[sc.RESPONSE_TIME_TO_FIRST_CHUNK] + 0.02
+    assert tuple(duration.explicit_bounds) == sc.LATENCY_BUCKETS
+    ttfc = otel.point(sc.STABLE_NAMES.time_to_first_chunk.name)
+    assert dict(ttfc.attributes) == timing_attrs
+    assert ttfc.count == 1 and ttfc.sum == pytest.approx(timings[sc.RESPONSE_TIME_TO_FIRST_CHUNK], abs=1e-9)
+    gaps = otel.point(sc.STABLE_NAMES.time_per_output_chunk.name)
+    assert dict(gaps.attributes) == metric_attrs
+    assert gaps.count == 2 and gaps.sum == pytest.approx(0.02, abs=0.006)
+    assert tuple(gaps.explicit_bounds) == sc.CHUNK_BUCKETS
+    tpot = otel.point(sc.STABLE_NAMES.time_per_output_token.name)
+    assert tpot.count == 1 and tpot.sum == pytest.approx(timings[sc.TIME_PER_OUTPUT_TOKEN], abs=1e-9)
+    usage_name = sc.STABLE_NAMES.token_usage.name  # type: ignore[union-attr]
+    assert otel.point(usage_name, gen_ai__token__type="input").sum == 12
+    assert otel.point(usage_name, gen_ai__token__type="output").sum == 3
+    assert dict(otel.point(usage_name, gen_ai__token__type="output").attributes) == {
+        **metric_attrs, sc.TOKEN_TYPE: "output"}
+    prompt = otel.point(sc.STABLE_NAMES.prompt_length.name)
+    assert (prompt.count, prompt.sum) == (1, PROMPT_CHARS)
+    assert tuple(prompt.explicit_bounds) == sc.COUNT_BUCKETS
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_plain_chat_records_duration_and_usage_but_no_stream_metrics(otel: Captured, is_async: bool) -> None:
+    server = openai_server(tokens=TOKENS, usage=USAGE)
+    completion, recorder = chat(is_async, server, model="gpt-4o-mini", messages=MESSAGES, seed=7, stop="\n")
+
+    assert completion.choices[0].message.content == "Hello world"
+    assert "stream_options" not in recorder.requests[0].json
+    span = otel.span()
+    attrs = dict(attributes(span))
+    assert attrs.pop(sc.TIME_TO_HEADERS) > 0
+    assert attrs == {
+        **base_attributes(),
+        sc.REQUEST_STREAM: False,
+        sc.PROMPT_LENGTH: PROMPT_CHARS,
+        sc.REQUEST_SEED: 7,
+        sc.REQUEST_STOP_SEQUENCES: ("\n",),
+        sc.RESPONSE_ID: "chatcmpl-abc",
+        sc.RESPONSE_MODEL: wire.CHAT_MODEL,
+        sc.RESPONSE_FINISH_REASONS: ("stop",),
+        sc.USAGE_INPUT_TOKENS: 12,
+        sc.USAGE_OUTPUT_TOKENS: 3,
+        sc.USAGE_CACHE_READ_INPUT_TOKENS: 4,
+        sc.USAGE_REASONING_OUTPUT_TOKENS: 1,
+    }
+    metrics = otel.metrics()
+    assert set(metrics) == {
+        sc.STABLE_NAMES.duration.name, sc.STABLE_NAMES.token_usage.name,  # type: ignore[union-attr]
+        sc.STABLE_NAMES.prompt_length.name,
+    }
+    duration = otel.point(sc.STABLE_NAMES.duration.name)
+    assert dict(duration.attributes) == {**base_attributes(), sc.RESPONSE_MODEL: wire.CHAT_MODEL,
+                                         sc.REQUEST_STREAM: False, sc.PROMPT_SIZE: "<1k"}
+    start, end = span.start_time, span.end_time
+    assert start is not None and end is not None
+    assert duration.sum == pytest.approx((end - start) / 1e9, abs=1e-6)
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_tool_call_deltas_are_content(otel: Captured, is_async: bool) -> None:
+    events = wire.chat_stream(['{"city"', ': "Paris"}'], tool_call=True, usage=USAGE)
+    chunks, _ = chat(is_async, [wire.Reply.stream(events, delays=[0.0, 0.02, 0.01])], model="gpt-4o-mini",
+                     messages=MESSAGES, stream=True)
+
+    assert len(chunks) == 4  # opening, two argument deltas, finish: the usage chunk stays hidden
+    attrs = attributes(otel.span())
+    # the opening chunk names the tool call: a tool-call delta is output, so it is the first chunk
+    assert attrs[sc.CONTENT_CHUNKS] == 3
+    assert attrs[sc.RESPONSE_FINISH_REASONS] == ("tool_calls",)
+
+
+def test_latest_experimental_names_on_opt_in(instrument: Any) -> None:
+    captured = instrument(OTEL_SEMCONV_STABILITY_OPT_IN="http,gen_ai_latest_experimental")
+    chat(False, openai_server(tokens=TOKENS, usage=USAGE), model="gpt-4o-mini", messages=MESSAGES, stream=True)
+
+    names = sc.LATEST_EXPERIMENTAL_NAMES
+    metrics = captured.metrics()
+    assert sc.STABLE_NAMES.duration.name not in metrics
+    assert captured.point(names.duration.name).count == 1
+    assert captured.point(names.time_to_first_chunk.name).count == 1
+    assert captured.point(names.input_tokens.name).sum == 12  # type: ignore[union-attr]
+    assert captured.point(names.output_tokens.name).sum == 3  # type: ignore[union-attr]
+    assert captured.point(names.input_token_counter.name).value == 12  # type: ignore[union-attr]
+    assert captured.point(names.output_token_counter.name).value == 3  # type: ignore[union-attr]

@@ -1,0 +1,219 @@
+"""The other call shapes of the openai client: raw and streaming responses, the Responses API, legacy completions,
+embeddings, and the servers a client can point at (OpenAI-compatible, Azure)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx2
+import openai
+import pytest
+import wire
+from conftest import API_KEY, Captured, async_client, attributes, openai_server, sync_client
+
+from otel_llm import _semconv as sc
+
+TOKENS = ["x", "y", "z"]
+USAGE = wire.Usage(input=9, output=3, cached=2)
+MESSAGES = [{"role": "user", "content": "hello"}]
+
+
+# --- with_raw_response / with_streaming_response -----------------------------------------------------------------
+
+
+def test_raw_response_plain(otel: Captured) -> None:
+    headers = wire.openai_ratelimit_headers(500, 499, 30_000, 29_000)
+    client, _ = sync_client([wire.Reply.json(wire.chat_completion_body("xyz", usage=USAGE), headers=headers)])
+    raw = client.chat.completions.with_raw_response.create(model="m", messages=MESSAGES)
+    assert raw.headers["x-ratelimit-remaining-requests"] == "499"
+    completion = raw.parse()
+    assert completion.choices[0].message.content == "xyz"
+    attrs = attributes(otel.span())
+    assert attrs[sc.USAGE_INPUT_TOKENS] == 9
+    assert attrs[sc.RATE_LIMIT_REMAINING_PREFIX + sc.RATE_LIMIT_REQUESTS] == 499
+    assert attrs[sc.RATE_LIMIT_LIMIT_PREFIX + sc.RATE_LIMIT_TOKENS] == 30_000
+    remaining = otel.point(sc.STABLE_NAMES.rate_limit_remaining.name, otel_llm__rate_limit__resource="tokens")
+    assert remaining.value == 29_000
+
+
+def test_raw_response_stream_parse_gives_our_stream(otel: Captured) -> None:
+    client, _ = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
+    raw = client.chat.completions.with_raw_response.create(model="m", messages=MESSAGES, stream=True)
+    stream = raw.parse()
+    assert isinstance(stream, openai.Stream)
+    assert raw.parse() is stream  # parse() hands out the same object every time, as the SDK does
+    assert [c.choices[0].delta.content for c in stream] == ["", "x", "y", "z", None]
+    attrs = attributes(otel.span())
+    assert attrs[sc.CONTENT_CHUNKS] == 3
+    assert attrs[sc.USAGE_OUTPUT_TOKENS] == 3
+
+
+def test_streaming_response_parse_and_exit(otel: Captured) -> None:
+    client, _ = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
+    with client.chat.completions.with_streaming_response.create(model="m", messages=MESSAGES,
+                                                                stream=True) as response:
+        assert response.status_code == 200
+        chunks = list(response.parse())
+    assert len(chunks) == 5
+    assert attributes(otel.span()).get(sc.ERROR_TYPE) is None
+    assert otel.point(sc.STABLE_NAMES.time_to_first_chunk.name).count == 1
+
+
+def test_streaming_response_read_raw_finishes_on_exit(otel: Captured) -> None:
+    client, _ = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
+    with client.chat.completions.with_streaming_response.create(model="m", messages=MESSAGES,
+                                                                stream=True) as response:
+        lines = [line for line in response.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    span = otel.span()
+    assert attributes(span).get(sc.ERROR_TYPE) is None
+    assert otel.point(sc.STABLE_NAMES.duration.name).count == 1
+
+
+def test_async_streaming_response_plain(otel: Captured) -> None:
+    client, _ = async_client(openai_server(tokens=TOKENS, usage=USAGE))
+
+    async def main() -> str:
+        async with client.chat.completions.with_streaming_response.create(model="m", messages=MESSAGES) as response:
+            completion = await response.parse()
+        return completion.choices[0].message.content or ""
+
+    assert asyncio.run(main()) == "xyz"
+    assert attributes(otel.span())[sc.USAGE_OUTPUT_TOKENS] == 3
+
+
+# --- Responses API --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_responses_stream_first_token_is_the_first_text_delta(otel: Captured, is_async: bool) -> None:
+    events = wire.responses_stream(TOKENS, usage=USAGE)
+    # a long pause after response.created and in_progress: they are not tokens
+    reply = wire.Reply.stream(events, delays=[0, 0.03, 0, 0, 0.02])
+    kwargs = {"model": "gpt-4.1", "input": "hello", "instructions": "be brief", "stream": True}
+    if is_async:
+        aclient, _ = async_client([reply])
+
+        async def main() -> list[str]:
+            stream = await aclient.responses.create(**kwargs)  # type: ignore[call-overload]
+            return [event.type async for event in stream]
+
+        types = asyncio.run(main())
+    else:
+        client, _ = sync_client([reply])
+        types = [event.type for event in client.responses.create(**kwargs)]  # type: ignore[call-overload]
+    assert types[0] == "response.created" and types[-1] == "response.completed"
+    span = otel.span()
+    attrs = attributes(span)
+    assert span.name == "chat gpt-4.1"
+    assert attrs[sc.PROMPT_LENGTH] == len("hello") + len("be brief")
+    assert attrs[sc.CONTENT_CHUNKS] == 3
+    assert attrs[sc.RESPONSE_ID] == "resp_abc"
+    assert attrs[sc.USAGE_INPUT_TOKENS] == 9 and attrs[sc.USAGE_CACHE_READ_INPUT_TOKENS] == 2
+    assert attrs[sc.RESPONSE_FINISH_REASONS] == ("completed",)
+    assert attrs[sc.RESPONSE_TIME_TO_FIRST_CHUNK] >= 0.05
+    assert sc.USAGE_INJECTED not in attrs  # the Responses API always reports usage
+
+
+def test_responses_stream_helper(otel: Captured) -> None:
+    client, _ = sync_client([wire.Reply.stream(wire.responses_stream(TOKENS, usage=USAGE))])
+    with client.responses.stream(model="gpt-4.1", input="hello") as stream:
+        for _ in stream:
+            pass
+        final = stream.get_final_response()
+    assert final.output_text == "xyz"
+    assert attributes(otel.span())[sc.USAGE_OUTPUT_TOKENS] == 3
+
+
+def test_responses_stream_helper_early_exit(otel: Captured) -> None:
+    client, _ = sync_client([wire.Reply.stream(wire.responses_stream(TOKENS, usage=USAGE))])
+    with client.responses.stream(model="gpt-4.1", input="hello") as stream:
+        next(iter(stream))
+    assert attributes(otel.span())[sc.ERROR_TYPE] == sc.ERROR_CANCELLED
+
+
+def test_responses_plain(otel: Captured) -> None:
+    client, _ = sync_client([wire.Reply.json(wire.response_body("xyz", usage=USAGE))])
+    response = client.responses.create(model="gpt-4.1", input=[{"role": "user", "content": "hello"}])
+    assert response.output_text == "xyz"
+    attrs = attributes(otel.span())
+    assert attrs[sc.REQUEST_STREAM] is False
+    assert attrs[sc.PROMPT_LENGTH] == 5
+    assert attrs[sc.USAGE_OUTPUT_TOKENS] == 3
+
+
+# --- legacy completions and embeddings ------------------------------------------------------------------------
+
+
+def test_legacy_completion_stream(otel: Captured) -> None:
+    def answer(request: wire.RecordedRequest) -> wire.Reply:
+        asked = request.json.get("stream_options", {}).get("include_usage")
+        return wire.Reply.stream(wire.completion_stream(TOKENS, usage=USAGE if asked else None))
+
+    client, _ = sync_client(answer)
+    chunks = list(client.completions.create(model="gpt-3.5-turbo-instruct", prompt="Once", stream=True))
+    assert [c.choices[0].text for c in chunks] == ["x", "y", "z", ""]
+    span = otel.span()
+    assert span.name == "text_completion gpt-3.5-turbo-instruct"
+    attrs = attributes(span)
+    assert attrs[sc.OPERATION_NAME] == "text_completion"
+    assert attrs[sc.CONTENT_CHUNKS] == 3
+    assert attrs[sc.USAGE_OUTPUT_TOKENS] == 3
+
+
+def test_embeddings(otel: Captured) -> None:
+    body = wire.embedding_body(2, usage_prompt_tokens=6)
+    client, _ = sync_client([wire.Reply.json(body)])
+    result = client.embeddings.create(model="text-embedding-3-small", input=["ab", "cde"])
+    assert len(result.data) == 2
+    attrs = attributes(otel.span())
+    assert attrs[sc.OPERATION_NAME] == "embeddings"
+    assert attrs[sc.PROMPT_LENGTH] == 5
+    assert attrs[sc.USAGE_INPUT_TOKENS] == 6
+    assert sc.USAGE_OUTPUT_TOKENS not in attrs
+    usage_name = sc.STABLE_NAMES.token_usage.name  # type: ignore[union-attr]
+    assert otel.points(usage_name, gen_ai__token__type="output") == []
+
+
+# --- where the client points ----------------------------------------------------------------------------------
+
+
+def test_openai_compatible_server_gets_its_own_address(otel: Captured) -> None:
+    with wire.LoopbackServer(openai_server(tokens=TOKENS, usage=USAGE)) as server:
+        client = openai.OpenAI(api_key="none", base_url=server.base_url, max_retries=0)
+        list(client.chat.completions.create(model="llama-3", messages=MESSAGES, stream=True))
+        port = int(server.base_url.split(":")[2].split("/")[0])
+    attrs = attributes(otel.span())
+    assert (attrs[sc.SERVER_ADDRESS], attrs[sc.SERVER_PORT]) == ("127.0.0.1", port)
+    assert attrs[sc.PROVIDER_NAME] == "openai"
+
+
+def test_known_compatible_provider_is_named(otel: Captured) -> None:
+    http, _ = wire.mock_client(openai_server(tokens=TOKENS, usage=USAGE))
+    client = openai.OpenAI(api_key="k", base_url="https://api.groq.com/openai/v1", http_client=http)
+    client.chat.completions.create(model="llama-3.3-70b", messages=MESSAGES)
+    assert attributes(otel.span())[sc.PROVIDER_NAME] == sc.PROVIDER_GROQ
+
+
+def test_azure_openai(otel: Captured) -> None:
+    http, recorder = wire.mock_client(openai_server(tokens=TOKENS, usage=USAGE))
+    client = openai.AzureOpenAI(api_key=API_KEY, api_version="2024-10-21", http_client=http,
+                                azure_endpoint="https://myres.openai.azure.com", azure_deployment="prod-4o")
+    client.chat.completions.create(model="gpt-4o", messages=MESSAGES)
+    assert "/openai/deployments/prod-4o/" in recorder.requests[0].path
+    attrs = attributes(otel.span())
+    assert attrs[sc.PROVIDER_NAME] == sc.PROVIDER_AZURE_OPENAI
+    assert attrs[sc.SERVER_ADDRESS] == "myres.openai.azure.com"
+    assert attrs[sc.SERVER_PORT] == 443
+
+
+def test_client_made_before_instrument_is_covered(instrument: object) -> None:
+    client, _ = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
+    captured = instrument()  # type: ignore[operator]
+    client.chat.completions.create(model="m", messages=MESSAGES)
+    assert len(captured.spans()) == 1
+
+
+def test_transport_of_the_installed_client_is_httpx2() -> None:
+    # the field note: openai 3.x runs on httpx2; the wire fakes must use the library it really imports
+    assert wire.http_module() is httpx2

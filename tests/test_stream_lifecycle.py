@@ -1,0 +1,212 @@
+"""Every stream finishes exactly once, on every path a caller can take, and the SDK's stream API keeps working."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+import openai
+import pytest
+import wire
+from conftest import Captured, async_client, attributes, openai_server, sync_client
+from opentelemetry.trace import StatusCode
+
+from otel_llm import _semconv as sc
+
+TOKENS = ["a", "b", "c", "d"]
+USAGE = wire.Usage(input=5, output=4)
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def server(**timing: object) -> wire.ReplySource:
+    return openai_server(tokens=TOKENS, usage=USAGE, **timing)
+
+
+def assert_finished(otel: Captured, error_type: str | None) -> None:
+    span = otel.span()  # exactly one span: the operation finished once
+    attrs = attributes(span)
+    assert attrs.get(sc.ERROR_TYPE) == error_type
+    assert span.status.status_code is (StatusCode.ERROR if error_type else StatusCode.UNSET)
+    duration = otel.point(sc.STABLE_NAMES.duration.name)
+    assert duration.count == 1
+    assert duration.attributes.get(sc.ERROR_TYPE) == error_type
+
+
+def test_exhausted_stream_finishes_without_error(otel: Captured) -> None:
+    client, _ = sync_client(server())
+    stream = client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    assert isinstance(stream, openai.Stream)
+    assert stream.response.status_code == 200
+    assert len(list(stream)) == 6
+    stream.close()  # closing after the end changes nothing
+    assert_finished(otel, None)
+    assert attributes(otel.span())[sc.USAGE_OUTPUT_TOKENS] == 4
+
+
+def test_break_then_close_is_cancelled(otel: Captured) -> None:
+    client, _ = sync_client(server(delays=[0, 0, 0.01, 0.01, 0.01]))
+    stream = client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    for chunk in stream:
+        if chunk.choices[0].delta.content == "b":
+            break
+    assert otel.spans() == []  # still open: the caller may come back to it
+    stream.close()
+    assert_finished(otel, sc.ERROR_CANCELLED)
+    attrs = attributes(otel.span())
+    assert attrs[sc.CONTENT_CHUNKS] == 2
+    # what was measured before the close is kept
+    assert otel.point(sc.STABLE_NAMES.time_to_first_chunk.name).count == 1
+
+
+def test_with_block_exit_closes_the_stream(otel: Captured) -> None:
+    client, _ = sync_client(server())
+    with client.chat.completions.create(model="m", messages=MESSAGES, stream=True) as stream:
+        first = next(iter(stream))
+        assert first.choices[0].delta.role == "assistant"
+    assert stream.response.is_closed
+    assert_finished(otel, sc.ERROR_CANCELLED)
+
+
+def test_with_block_after_the_end_is_not_an_error(otel: Captured) -> None:
+    client, _ = sync_client(server())
+    with client.chat.completions.create(model="m", messages=MESSAGES, stream=True) as stream:
+        chunks = list(stream)
+    assert len(chunks) == 6
+    assert_finished(otel, None)
+
+
+def test_error_mid_stream_passes_through_and_is_recorded(otel: Captured) -> None:
+    events = wire.chat_stream(TOKENS)
+    client, _ = sync_client([wire.Reply.stream(events, drop_after=3)])
+    stream = client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    received = []
+    with pytest.raises(openai.APIConnectionError) as raised:
+        for chunk in stream:
+            received.append(chunk)
+    assert len(received) == 3
+    assert_finished(otel, "APIConnectionError")
+    events_recorded = otel.span().events
+    assert [e.name for e in events_recorded] == ["exception"]
+    assert events_recorded[0].attributes["exception.type"] == "openai.APIConnectionError"  # type: ignore[index]
+    assert raised.type is openai.APIConnectionError  # the SDK's own exception, unchanged
+
+
+def test_server_error_event_mid_stream(otel: Captured) -> None:
+    events = [*wire.chat_stream(TOKENS)[:2], wire.sse_error_event("overloaded")]
+    client, _ = sync_client([wire.Reply.stream(events)])
+    stream = client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    with pytest.raises(openai.APIError, match="overloaded"):
+        list(stream)
+    assert_finished(otel, "APIError")
+
+
+def test_asyncio_cancellation_is_recorded_as_cancelled(otel: Captured) -> None:
+    client, _ = async_client(server(delays=[0, 0, 5.0]))
+
+    async def consume() -> None:
+        stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+        async for _ in stream:
+            pass
+
+    async def main() -> None:
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert_finished(otel, sc.ERROR_CANCELLED)
+    assert otel.span().events == ()  # a cancellation is not an exception to report
+
+
+def test_abandoned_stream_finishes_when_collected(otel: Captured) -> None:
+    client, _ = sync_client(server(delays=[0, 0.02]))
+    stream = client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    next(stream)
+    next(stream)  # the first token
+    del stream
+    gc.collect()
+    assert_finished(otel, sc.ERROR_ABANDONED)
+    span = otel.span()
+    # ended where activity was last seen, not when the collector ran
+    ttfc = attributes(span)[sc.RESPONSE_TIME_TO_FIRST_CHUNK]
+    assert span.end_time is not None and span.start_time is not None
+    assert (span.end_time - span.start_time) / 1e9 == pytest.approx(ttfc, abs=1e-6)
+
+
+def test_async_stream_exhausted_and_closed(otel: Captured) -> None:
+    client, _ = async_client(server())
+
+    async def main() -> int:
+        stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+        assert isinstance(stream, openai.AsyncStream)
+        async with stream as same:
+            assert same is stream
+            count = len([chunk async for chunk in stream])
+        await stream.close()
+        return count
+
+    assert asyncio.run(main()) == 6
+    assert_finished(otel, None)
+
+
+def test_async_break_then_close(otel: Captured) -> None:
+    client, _ = async_client(server())
+
+    async def main() -> None:
+        stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+        async for _ in stream:
+            break
+        await stream.close()
+
+    asyncio.run(main())
+    assert_finished(otel, sc.ERROR_CANCELLED)
+
+
+def test_stream_helper_keeps_its_api_and_finishes_on_its_own_close(otel: Captured) -> None:
+    client, recorder = sync_client(server())
+    with client.chat.completions.stream(model="m", messages=MESSAGES) as stream:
+        text = "".join(event.delta for event in stream if event.type == "content.delta")
+        final = stream.get_final_completion()
+    assert text == "abcd"
+    assert final.choices[0].message.content == "abcd"
+    assert final.usage is None  # as without otel_llm: the caller did not ask for usage
+    assert recorder.requests[0].json["stream_options"] == {"include_usage": True}
+    assert_finished(otel, None)
+    assert attributes(otel.span())[sc.USAGE_OUTPUT_TOKENS] == 4
+
+
+def test_stream_helper_early_exit_finishes_at_once(otel: Captured) -> None:
+    client, _ = sync_client(server())
+    with client.chat.completions.stream(model="m", messages=MESSAGES) as stream:
+        for event in stream:
+            if event.type == "content.delta":
+                break
+        # the helper closes the HTTP response itself, not our stream: we must still hear of it right away
+    assert_finished(otel, sc.ERROR_CANCELLED)
+
+
+def test_async_stream_helper(otel: Captured) -> None:
+    client, _ = async_client(server())
+
+    async def main() -> str:
+        async with client.chat.completions.stream(model="m", messages=MESSAGES) as stream:
+            final = await stream.get_final_completion()
+        return final.choices[0].message.content or ""
+
+    assert asyncio.run(main()) == "abcd"
+    assert_finished(otel, None)
+
+
+def test_async_stream_helper_early_exit(otel: Captured) -> None:
+    client, _ = async_client(server())
+
+    async def main() -> None:
+        async with client.chat.completions.stream(model="m", messages=MESSAGES) as stream:
+            async for event in stream:
+                if event.type == "content.delta":
+                    break
+
+    asyncio.run(main())
+    assert_finished(otel, sc.ERROR_CANCELLED)
