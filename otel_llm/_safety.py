@@ -18,7 +18,7 @@ strict: bool = os.environ.get("OTEL_LLM_STRICT") == "1"
 def report_failure(where: str) -> None:
     """Call from an ``except Exception`` block around our own code only (never around the user's call)."""
     if strict:
-        raise  # noqa: PLE0704 - re-raises the exception being handled, on purpose under tests
+        raise  # the exception being handled: under tests our bugs must fail loudly
     if where not in _reported:
         _reported.add(where)
         logger.warning("otel_llm: internal failure in %s; telemetry for this call is incomplete", where,

@@ -27,7 +27,7 @@ Observe = Callable[["Operation", Any], bool]
 Adopt = Callable[["Operation", Any], Any]
 
 
-class _StreamLifecycle(wrapt.ObjectProxy):  # type: ignore[misc]
+class _StreamLifecycle(wrapt.ObjectProxy[Any]):
     """State and finish paths shared by the sync and async proxies; they differ only in the I/O step."""
 
     def __init__(self, wrapped: Any, op: Operation, telemetry: Telemetry, observe: Observe) -> None:
@@ -128,7 +128,7 @@ def closed_by_helper(raw_stream: object) -> None:
         raw_stream._self_closed()
 
 
-class _ResponseLifecycle(wrapt.ObjectProxy):  # type: ignore[misc]
+class _ResponseLifecycle(wrapt.ObjectProxy[Any]):
     def __init__(self, wrapped: Any, op: Operation, telemetry: Telemetry, adopt: Adopt) -> None:
         super().__init__(wrapped)
         self._self_op = op

@@ -95,6 +95,7 @@ class Telemetry:
 
     def finish(self, op: Operation, error: BaseException | str | None = None, end_ns: int | None = None) -> None:
         """End the operation exactly once: ERROR status and error.type are set before the span ends."""
+        error_type: str | None
         if isinstance(error, BaseException):
             error_type = sc.ERROR_CANCELLED if isinstance(error, asyncio.CancelledError) else type(error).__name__
         else:

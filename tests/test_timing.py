@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import itertools
 import time
 
 import openai
@@ -107,4 +108,4 @@ def test_ttft_gaps_and_duration_match_the_callers_observation(otel: Captured, ob
 
 def gaps_of(arrivals: list[tuple[int, str | None]]) -> list[float]:
     content = [t for t, text in arrivals if text]
-    return [(b - a) / 1e9 for a, b in zip(content, content[1:])]
+    return [(b - a) / 1e9 for a, b in itertools.pairwise(content)]
