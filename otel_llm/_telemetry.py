@@ -8,10 +8,12 @@ import json
 import random
 import time
 from array import array
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from otel_llm import _semconv as sc
@@ -57,10 +59,14 @@ class Telemetry:
         self._output_counter = counter(names.output_token_counter)
         self._tpot = histogram(names.time_per_output_token)
         self._prompt_length = histogram(names.prompt_length)
-        rl_remaining, rl_limit = names.rate_limit_remaining, names.rate_limit_limit
-        self._rate_remaining = meter.create_gauge(rl_remaining.name, unit=rl_remaining.unit,
-                                                  description=rl_remaining.description)
-        self._rate_limit = meter.create_gauge(rl_limit.name, unit=rl_limit.unit, description=rl_limit.description)
+        # rate-limit headroom changes on every response but is read once per export: keep the latest values
+        # here (a dict store per response) and let the SDK observe them when it collects
+        self._remaining: dict[frozenset[tuple[str, Any]], float] = {}
+        self._limits: dict[frozenset[tuple[str, Any]], float] = {}
+        for instrument, latest in ((names.rate_limit_remaining, self._remaining),
+                                   (names.rate_limit_limit, self._limits)):
+            meter.create_observable_gauge(instrument.name, callbacks=[_observe_latest(latest)], unit=instrument.unit,
+                                          description=instrument.description)
 
     # --- lifecycle -------------------------------------------------------------------------------------------
 
@@ -174,11 +180,11 @@ class Telemetry:
             attributes[sc.SERVER_PORT] = request.server_port
         # rate-limit gauges describe the endpoint and model, not one call's outcome
         for resource, (remaining, limit) in op.rate_limits.items():
-            gauge_attributes = {**attributes, sc.RATE_LIMIT_RESOURCE: resource}
+            key = frozenset((*attributes.items(), (sc.RATE_LIMIT_RESOURCE, resource)))
             if remaining is not None:
-                self._rate_remaining.set(remaining, gauge_attributes)
+                self._remaining[key] = remaining
             if limit is not None:
-                self._rate_limit.set(limit, gauge_attributes)
+                self._limits[key] = limit
         if op.response_model is not None:
             attributes[sc.RESPONSE_MODEL] = op.response_model
         if op.error_type is not None:
@@ -212,6 +218,14 @@ class Telemetry:
                 histogram.record(count, attributes, context=ctx)
             if counter is not None:
                 counter.add(count, attributes, context=ctx)
+
+
+def _observe_latest(latest: dict[frozenset[tuple[str, Any]], float]) -> Callable[[CallbackOptions],
+                                                                                 Iterable[Observation]]:
+    def observe(options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(value, dict(key)) for key, value in list(latest.items())]
+
+    return observe
 
 
 def _time_per_output_token(op: Operation) -> float | None:
