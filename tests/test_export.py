@@ -1,0 +1,157 @@
+"""The one line and zero-code, end to end: a fresh process exports real OTLP bytes, decoded with the official
+protobufs, to a loopback receiver; and an application's own providers are used, never replaced."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import wire
+from conftest import openai_server
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from otel_llm import _semconv as sc
+
+BIN = Path(sys.executable).parent
+
+APP = textwrap.dedent("""
+    import os, sys
+    {setup}
+    import openai
+    client = openai.OpenAI(api_key="sk-test", base_url=os.environ["APP_BASE_URL"], max_retries=0)
+    stream = client.chat.completions.create(model="gpt-4o-mini", messages=[{{"role": "user", "content": "hi"}}],
+                                            stream=True)
+    print("".join(c.choices[0].delta.content or "" for c in stream if c.choices))
+""")
+
+
+class Receiver(ThreadingHTTPServer):
+    """An OTLP/HTTP endpoint on loopback keeping every decoded export request."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _ReceiverHandler)
+        self.traces: list[ExportTraceServiceRequest] = []
+        self.metrics: list[ExportMetricsServiceRequest] = []
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def spans(self) -> list[Any]:
+        return [span for request in self.traces for rs in request.resource_spans for ss in rs.scope_spans
+                for span in ss.spans]
+
+    def metric(self, name: str) -> Any:
+        for request in self.metrics:
+            for rm in request.resource_metrics:
+                for sm in rm.scope_metrics:
+                    for metric in sm.metrics:
+                        if metric.name == name:
+                            return metric
+        raise AssertionError(f"{name} was not exported")
+
+
+class _ReceiverHandler(BaseHTTPRequestHandler):
+    server: Receiver
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["content-length"]))
+        if self.headers.get("content-encoding") == "gzip":
+            body = gzip.decompress(body)
+        if self.path == "/v1/traces":
+            self.server.traces.append(ExportTraceServiceRequest.FromString(body))
+        elif self.path == "/v1/metrics":
+            self.server.metrics.append(ExportMetricsServiceRequest.FromString(body))
+        self.send_response(200)
+        self.send_header("content-type", "application/x-protobuf")
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    server = Receiver()
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01})
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+def run_app(command: list[str], setup: str, env: dict[str, str], tmp_path: Path) -> str:
+    app = tmp_path / "app.py"
+    app.write_text(APP.format(setup=setup))
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    environment.update(env)
+    with wire.LoopbackServer(openai_server(tokens=["Hi", "!"], usage=wire.Usage(input=3, output=2))) as llm:
+        environment["APP_BASE_URL"] = llm.base_url
+        result = subprocess.run([*command, str(app)], env=environment, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def otlp_env(receiver: Receiver) -> dict[str, str]:
+    return {"OTEL_SERVICE_NAME": "checkout", "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+            "OTEL_METRIC_EXPORT_INTERVAL": "60000"}
+
+
+def assert_exported(receiver: Receiver) -> None:
+    (span,) = receiver.spans()
+    attrs = {kv.key: kv.value for kv in span.attributes}
+    assert span.name == "chat gpt-4o-mini"
+    assert attrs[sc.PROVIDER_NAME].string_value == "openai"
+    assert attrs[sc.USAGE_OUTPUT_TOKENS].int_value == 2
+    assert attrs[sc.RESPONSE_TIME_TO_FIRST_CHUNK].double_value > 0
+    resource = {kv.key: kv.value.string_value for kv in receiver.traces[0].resource_spans[0].resource.attributes}
+    assert resource["service.name"] == "checkout"
+    ttfc = receiver.metric(sc.STABLE_NAMES.time_to_first_chunk.name)
+    (point,) = ttfc.histogram.data_points
+    assert point.count == 1
+    assert tuple(point.explicit_bounds) == sc.LATENCY_BUCKETS
+    assert point.exemplars[0].span_id == span.span_id  # the slow bucket links to its trace
+
+
+def test_one_line_sets_up_otlp_export_from_the_environment(receiver: Receiver, tmp_path: Path) -> None:
+    out = run_app([sys.executable], "import otel_llm; otel_llm.instrument()", otlp_env(receiver), tmp_path)
+    assert out.strip() == "Hi!"
+    assert_exported(receiver)
+
+
+def test_zero_code_with_opentelemetry_instrument(receiver: Receiver, tmp_path: Path) -> None:
+    out = run_app([str(BIN / "opentelemetry-instrument"), sys.executable], "", otlp_env(receiver), tmp_path)
+    assert out.strip() == "Hi!"
+    assert_exported(receiver)
+
+
+def test_applications_own_providers_are_kept(receiver: Receiver, tmp_path: Path) -> None:
+    setup = textwrap.dedent("""
+        from opentelemetry import trace, metrics
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor, ConsoleSpanExporter
+        from opentelemetry.sdk.metrics import MeterProvider
+        mine = TracerProvider()
+        console = ConsoleSpanExporter(formatter=lambda s: "SPAN " + s.name + chr(10))
+        mine.add_span_processor(SimpleSpanProcessor(console))
+        trace.set_tracer_provider(mine)
+        metrics.set_meter_provider(MeterProvider())
+        import otel_llm
+        otel_llm.instrument()
+        assert trace.get_tracer_provider() is mine
+    """)
+    out = run_app([sys.executable], setup, otlp_env(receiver), tmp_path)
+    assert "SPAN chat gpt-4o-mini" in out
+    assert receiver.traces == [] and receiver.metrics == []  # nothing sent behind the application's back
