@@ -29,12 +29,17 @@ from otel_llm._version import __version__
 __all__ = ["OtelLLMInstrumentor", "__version__", "instrument", "uninstrument"]
 
 
-def instrument(*, tracer_provider: Any = None, meter_provider: Any = None) -> None:
-    """Patch every supported client that is installed. A second call is a no-op."""
+def instrument(*, tracer_provider: Any = None, meter_provider: Any = None, logger_provider: Any = None) -> None:
+    """Patch every supported client that is installed. A second call is a no-op.
+
+    Providers not given come from the global ones; when the application set none, from the ``OTEL_*`` variables.
+    ``logger_provider`` is used only when message content goes out as events.
+    """
     instrumentor = OtelLLMInstrumentor()
     if instrumentor.is_instrumented_by_opentelemetry:
         return
-    instrumentor.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
+    instrumentor.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider,
+                            logger_provider=logger_provider)
 
 
 def uninstrument() -> None:

@@ -8,6 +8,9 @@ import os
 from typing import Any
 
 from opentelemetry import metrics, trace
+from opentelemetry._logs import get_logger_provider, set_logger_provider
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import BatchLogRecordProcessor, ConsoleLogRecordExporter
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
@@ -37,6 +40,33 @@ def global_meter_provider() -> metrics.MeterProvider:
         provider = MeterProvider(resource=Resource.create(), metric_readers=readers)
         metrics.set_meter_provider(provider)
     return provider
+
+
+def global_logger_provider() -> Any:
+    """Only asked for when content goes out as events."""
+    provider = get_logger_provider()
+    if type(provider).__name__ == "ProxyLoggerProvider" and _enabled():
+        exporter, protocol = _choice("LOGS")
+        provider = LoggerProvider(resource=Resource.create())
+        if exporter == "console":
+            provider.add_log_record_processor(BatchLogRecordProcessor(ConsoleLogRecordExporter()))
+        elif exporter != "none":
+            provider.add_log_record_processor(BatchLogRecordProcessor(_otlp_log_exporter(protocol)))
+        set_logger_provider(provider)
+    return provider
+
+
+def _otlp_log_exporter(protocol: str) -> Any:
+    if protocol == "grpc":
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter as GrpcLogExporter
+        except ImportError:
+            _log.warning("otel_llm: OTLP over gRPC needs `pip install otel-llm[grpc]`; using http/protobuf")
+        else:
+            return GrpcLogExporter()
+    from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+
+    return OTLPLogExporter()
 
 
 def _enabled() -> bool:

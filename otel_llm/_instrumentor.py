@@ -10,10 +10,11 @@ from collections.abc import Collection
 from typing import Any
 
 from opentelemetry import metrics, trace
+from opentelemetry._logs import get_logger
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
 from otel_llm import _semconv
-from otel_llm._export import global_meter_provider, global_tracer_provider
+from otel_llm._export import global_logger_provider, global_meter_provider, global_tracer_provider
 from otel_llm._patching import Patches
 from otel_llm._settings import load_settings
 from otel_llm._telemetry import Telemetry
@@ -39,10 +40,15 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         settings = load_settings()
         tracer_provider = kwargs.get("tracer_provider") or global_tracer_provider()
         meter_provider = kwargs.get("meter_provider") or global_meter_provider()
+        logger = None
+        if settings.capture_content.on_event:
+            logger_provider = kwargs.get("logger_provider") or global_logger_provider()
+            logger = get_logger(_semconv.INSTRUMENTATION_SCOPE, __version__, logger_provider)
         telemetry = Telemetry(
             trace.get_tracer(_semconv.INSTRUMENTATION_SCOPE, __version__, tracer_provider),
             metrics.get_meter(_semconv.INSTRUMENTATION_SCOPE, __version__, meter_provider),
             settings,
+            logger,
         )
         for adapter, package in ADAPTERS.items():
             if importlib.util.find_spec(package) is None:

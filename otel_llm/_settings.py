@@ -25,6 +25,10 @@ class CaptureContent(enum.Enum):
     SPAN_AND_EVENT = "SPAN_AND_EVENT"
 
     @property
+    def enabled(self) -> bool:
+        return self is not CaptureContent.NO_CONTENT
+
+    @property
     def on_span(self) -> bool:
         return self in (CaptureContent.SPAN_ONLY, CaptureContent.SPAN_AND_EVENT)
 

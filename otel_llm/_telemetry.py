@@ -21,6 +21,7 @@ from otel_llm._operation import Operation, Request
 from otel_llm._safety import report_failure
 
 if TYPE_CHECKING:
+    from opentelemetry._logs import Logger
     from opentelemetry.metrics import Meter
     from opentelemetry.trace import Tracer
 
@@ -30,9 +31,10 @@ _NS = 1e9
 
 
 class Telemetry:
-    def __init__(self, tracer: Tracer, meter: Meter, settings: Settings) -> None:
+    def __init__(self, tracer: Tracer, meter: Meter, settings: Settings, logger: Logger | None = None) -> None:
         self.settings = settings
         self._tracer = tracer
+        self._logger = logger if settings.capture_content.on_event else None
         self._gap_rate = settings.chunk_gap_sample_rate
         names = settings.metric_names
 
@@ -111,6 +113,8 @@ class Telemetry:
         try:
             self._end_span(op, error if isinstance(error, BaseException) else None)
             self._record_metrics(op)
+            if self._logger is not None:
+                self._emit_event(op, self._logger)
         except Exception:
             report_failure("finish")
 
@@ -168,6 +172,19 @@ class Telemetry:
                 span.record_exception(exception)
         span.set_attributes(attributes)
         span.end(end_time=end_epoch_ns)
+
+    def _emit_event(self, op: Operation, logger: Logger) -> None:
+        """Content as a log event beside the span (opt-in): sized for a log pipeline, not span attributes."""
+        request = op.request
+        attributes: dict[str, Any] = {sc.OPERATION_NAME: request.operation, sc.PROVIDER_NAME: request.provider}
+        if request.model is not None:
+            attributes[sc.REQUEST_MODEL] = request.model
+        if op.response_id is not None:
+            attributes[sc.RESPONSE_ID] = op.response_id
+        attributes.update(_content_attributes(op))
+        logger.emit(event_name=sc.EVENT_OPERATION_DETAILS, attributes=attributes,
+                    context=trace.set_span_in_context(op.span),
+                    timestamp=op.start_epoch_ns + (op.end_ns - op.start_ns))
 
     def _record_metrics(self, op: Operation) -> None:
         request = op.request

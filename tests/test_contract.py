@@ -12,6 +12,12 @@ import wire
 import wrapt
 from conftest import API_KEY, Captured, Instrument, attributes, openai_server, sync_client
 from opentelemetry import trace
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import StatusCode
 
@@ -151,6 +157,31 @@ def test_content_on_span_when_opted_in(instrument: Instrument) -> None:
     assert json.loads(attrs[sc.INPUT_MESSAGES]) == [[{"role": "user", "content": "my plan"}]]
     assert json.loads(attrs[sc.OUTPUT_MESSAGES])[0]["parts"][0]["content"] == "pq"
     assert API_KEY not in json.dumps(dict(attrs))
+
+
+def test_content_as_events_when_opted_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "EVENT_ONLY")
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    logs = InMemoryLogRecordExporter()
+    logger_provider = LoggerProvider()
+    logger_provider.add_log_record_processor(SimpleLogRecordProcessor(logs))
+    otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=MeterProvider(),
+                        logger_provider=logger_provider)
+    try:
+        client, _ = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "my plan"}])
+    finally:
+        otel_llm.uninstrument()
+    (span,) = exporter.get_finished_spans()
+    assert sc.INPUT_MESSAGES not in attributes(span)  # events only
+    (record,) = [r.log_record for r in logs.get_finished_logs()]
+    assert record.event_name == sc.EVENT_OPERATION_DETAILS
+    assert record.span_id == span.context.span_id
+    assert record.attributes is not None
+    assert json.loads(str(record.attributes[sc.INPUT_MESSAGES])) == [[{"role": "user", "content": "my plan"}]]
+    assert json.loads(str(record.attributes[sc.OUTPUT_MESSAGES]))[0]["parts"][0]["content"] == "pq"
 
 
 def test_instrument_twice_is_a_no_op_and_uninstrument_restores_exactly(instrument: Instrument) -> None:

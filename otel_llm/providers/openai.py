@@ -215,11 +215,11 @@ class _Endpoint:
             stream=kwargs.get("stream") is True,
             prompt_chars=_text_chars(prompt) if prompt else None,
             attributes=_request_parameters(kwargs),
-            input_messages=_message_content(prompt) if settings.capture_content.on_span and prompt else None,
+            input_messages=_message_content(prompt) if settings.capture_content.enabled and prompt else None,
         )
 
     def prepare(self, op: Operation, kwargs: dict[str, Any], settings: Settings) -> dict[str, Any]:
-        if settings.capture_content.on_span:
+        if settings.capture_content.enabled:
             op.output_text = []
         if not (self.stream_usage and op.request.stream and settings.stream_usage):
             return kwargs
