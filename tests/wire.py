@@ -97,6 +97,8 @@ def chat_stream(
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         return _chat_chunk(id, model, [choice], {} if usage is None else {"usage": None})
 
+    opening: Json
+    deltas: list[Json]
     if tool_call:
         opening = {
             "role": "assistant",
@@ -203,7 +205,7 @@ def chat_completion_body(
     finish_reason: str = "stop",
 ) -> Json:
     """A non-streamed /v1/chat/completions body (`usage: None` sends `"usage": null`)."""
-    message = {"role": "assistant", "content": text, "refusal": None, "annotations": []}
+    message: Json = {"role": "assistant", "content": text, "refusal": None, "annotations": []}
     return {
         "id": id,
         "object": "chat.completion",
@@ -396,8 +398,8 @@ class Reply:
     headers for i = 0). Missing trailing delays are 0. So the server-side time to first chunk is
     `headers_delay + delays[0]`.
 
-    `drop_after=n` sends the headers and the first n chunks, then closes the connection without ending the body:
-    the client sees a transport error (even `n = len(chunks)` leaves the chunked body unterminated).
+    `drop_after=n` sends the headers and the first n chunks, then closes the connection: the client sees a
+    transport error. A streamed body is left unterminated even at `n = len(chunks)`; a JSON body at `n = 0`.
     """
 
     status: int = 200
@@ -689,13 +691,14 @@ class _Handler(BaseHTTPRequestHandler):
             received_ns=time.perf_counter_ns(),
             client_port=self.client_address[1],
         )
-        reply = self.server.recorder.answer(recorded)
-        try:
-            self._send(reply, recorded)
-        except OSError:  # the client went away mid-reply
-            self.close_connection = True
+        self._send(self.server.recorder.answer(recorded), recorded)
 
     do_GET = do_POST
+
+    def handle(self) -> None:
+        # Clients reset connections all the time: openai stops reading at [DONE], a user breaks out of a stream.
+        with contextlib.suppress(ConnectionError):
+            super().handle()
 
     def _send(self, reply: Reply, recorded: RecordedRequest) -> None:
         if not self._pause(reply.headers_delay):
@@ -742,8 +745,7 @@ class LoopbackServer:
     @property
     def base_url(self) -> str:
         """openai's `base_url`, e.g. "http://127.0.0.1:54321/v1"."""
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}/v1"
+        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
 
     @property
     def requests(self) -> list[RecordedRequest]:
