@@ -1,20 +1,23 @@
-"""Overhead of otel_llm against the uninstrumented openai client, side by side in one process.
+"""Overhead of otel_llm against the uninstrumented openai client, in one process.
 
-    .venv/bin/python benchmarks/overhead.py            # full run, about two minutes
+    .venv/bin/python benchmarks/overhead.py            # full run, a few minutes
     .venv/bin/python benchmarks/overhead.py --quick    # a smoke run (the test suite runs this)
 
-The real openai client reads real SSE bytes from its own in-process transport (no network, no sleeps), so the
-client's own per-chunk work is the baseline. Rounds alternate uninstrumented and instrumented runs of the same
-workload; figures are medians over rounds of this thread's CPU time (so other processes do not move them). Telemetry goes to a real SDK pipeline: a TracerProvider with a
-BatchSpanProcessor (exporter dropping spans) and a MeterProvider whose reader is not collected during timing.
+Two views, both in this thread's CPU time (other processes on a shared 2-core machine do not move it):
 
-Printed figures:
-- per request: median CPU time off / on and the difference;
-- per chunk on the chunk path: the difference in time between the first and the last chunk reaching the caller,
-  divided by the chunks in between (what the caller waits for while the stream runs);
-- per chunk in total and fixed per streamed request: a least-squares line through (chunks, difference) over the
-  16/256/1024-chunk workloads, which includes the recording at the finish;
-- memory: RSS growth over N streamed requests after a warm-up, content capture off.
+1. End to end, side by side: the real openai client reads real SSE bytes from its own in-process transport (no
+   network, no sleeps), so the client's own work is the baseline. Blocks of requests alternate uninstrumented and
+   instrumented; the figure is the median of the paired block differences, with its interquartile range. The
+   client spends ~100 us per chunk with a spread of several percent, so per-chunk differences of a microsecond
+   drown in it here: view 2 measures them.
+2. Our code alone, on the same real objects: the chunk path (real ChatCompletionChunk objects through our proxy
+   and adapter, against iterating them bare), the finish (span end and every histogram record, real SDK
+   pipeline) for 16/256/1024-chunk streams, and the whole non-streaming wrapper around a call that returns a real
+   ChatCompletion. Per chunk in total = chunk path + the finish's cost per extra chunk (the sampled gap records).
+
+Telemetry goes to a real SDK pipeline: a TracerProvider with a BatchSpanProcessor (exporter dropping spans) and a
+MeterProvider whose reader is not collected during timing. Memory: RSS growth over N streamed requests after a
+warm-up, content capture off.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import os
 import statistics
 import sys
 import time
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,9 +43,14 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 import otel_llm
+from otel_llm._calls import hook, sync_call
+from otel_llm._settings import load_settings
+from otel_llm._stream import StreamProxy
+from otel_llm._telemetry import Telemetry
+from otel_llm.providers import openai as openai_adapter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-import wire  # noqa: E402  (the test suite's wire fakes: byte-exact OpenAI SSE)
+import wire
 
 MESSAGES = [{"role": "user", "content": "Write a haiku about latency."}]
 # CPU time of this thread: what the client and we spend, unmoved by other processes on a shared 2-core machine
@@ -129,17 +138,20 @@ async def run_async_stream(client: openai.AsyncOpenAI) -> Sample:
 class Workload:
     name: str
     chunks: int  # content chunks per response (0: not streamed)
-    requests: int  # per round and mode
+    requests: int  # per block
     is_async: bool = False
 
 
-def measure(workload: Workload, rounds: int) -> tuple[list[Sample], list[Sample]]:
-    events, plain = _body(max(workload.chunks, 1))
-    off: list[Sample] = []
-    on: list[Sample] = []
+def _pipeline() -> tuple[TracerProvider, MeterProvider]:
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(BatchSpanProcessor(_DropSpans()))
-    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    return tracer_provider, MeterProvider(metric_readers=[InMemoryMetricReader()])
+
+
+def side_by_side(workload: Workload, blocks: int) -> tuple[float, float, float, float]:
+    """Median per-request CPU time off and on, and the median and IQR of paired block differences, in us."""
+    events, plain = _body(max(workload.chunks, 1))
+    tracer_provider, meter_provider = _pipeline()
     if workload.is_async:
         aclient = openai.AsyncOpenAI(api_key="k", http_client=httpx2.AsyncClient(
             transport=httpx2.MockTransport(_async_handler(events, plain))))
@@ -147,28 +159,144 @@ def measure(workload: Workload, rounds: int) -> tuple[list[Sample], list[Sample]
         async def batch(n: int) -> list[Sample]:
             return [await run_async_stream(aclient) for _ in range(n)]
 
-        def one_batch(n: int) -> list[Sample]:
+        def one_block(n: int) -> list[Sample]:
             return asyncio.run(batch(n))
     else:
         client = openai.OpenAI(api_key="k", http_client=httpx2.Client(
             transport=httpx2.MockTransport(_handler(events, plain))))
         run = run_sync_stream if workload.chunks else run_plain
 
-        def one_batch(n: int) -> list[Sample]:
+        def one_block(n: int) -> list[Sample]:
             return [run(client) for _ in range(n)]
 
-    one_batch(max(3, workload.requests // 4))  # warm caches and the client's pools
-    for index in range(rounds):
+    one_block(workload.requests)  # warm caches and the client's pools
+    off: list[float] = []
+    on: list[float] = []
+    for index in range(blocks):
         for instrumented in ((False, True) if index % 2 == 0 else (True, False)):
             if instrumented:
                 otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
             gc.collect()
-            samples = one_batch(workload.requests)
+            samples = one_block(workload.requests)
             if instrumented:
                 otel_llm.uninstrument()
-            (on if instrumented else off).extend(samples)
+            (on if instrumented else off).append(statistics.fmean(s.total_ns for s in samples) / 1e3)
     tracer_provider.shutdown()
-    return off, on
+    differences = sorted(b - a for a, b in zip(off, on, strict=True))
+    quartiles = statistics.quantiles(differences, n=4) if len(differences) > 1 else [differences[0]] * 3
+    return statistics.median(off), statistics.median(on), quartiles[1], quartiles[2] - quartiles[0]
+
+
+def _real_chunks(count: int) -> list[Any]:
+    events, plain = _body(count)
+    client = openai.OpenAI(api_key="k", http_client=httpx2.Client(
+        transport=httpx2.MockTransport(_handler(events, plain))))
+    return list(client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, stream=True,
+                                               stream_options={"include_usage": True}))
+
+
+def _best(fn: Callable[[], int], repeat: int) -> int:
+    return min(fn() for _ in range(repeat))
+
+
+def chunk_path_ns(chunks: list[Any], telemetry: Telemetry, repeat: int) -> float:
+    """CPU ns per chunk that our proxy and adapter add while a stream hands chunks to the caller."""
+    endpoint = openai_adapter._CHAT
+    request = endpoint.describe(openai.OpenAI(api_key="k").chat.completions, {"model": "m", "messages": MESSAGES},
+                                telemetry.settings)
+    count = len(chunks) - 1  # stop before the end: the finish is measured on its own
+
+    def bare() -> int:
+        iterator = iter(chunks)
+        start = _now()
+        for _ in range(count):
+            next(iterator)
+        return _now() - start
+
+    def proxied() -> int:
+        op = telemetry.begin(request)
+        proxy = StreamProxy(iter(chunks), op, telemetry, endpoint.observe)
+        start = _now()
+        for _ in range(count):
+            next(proxy)
+        elapsed = _now() - start
+        op.finished = True  # not measured here; keeps the finalizer from recording an abandoned stream
+        return elapsed
+
+    return (_best(proxied, repeat) - _best(bare, repeat)) / count
+
+
+def finish_ns(content_chunks: int, telemetry: Telemetry, repeat: int, *, gaps: bool) -> float:
+    """CPU ns of one stream's finish: span end and every record, and every gap record when ``gaps``."""
+    endpoint = openai_adapter._CHAT
+    chunks = _real_chunks(content_chunks)
+    request = endpoint.describe(openai.OpenAI(api_key="k").chat.completions, {"model": "m", "messages": MESSAGES},
+                                telemetry.settings)
+
+    def once() -> int:
+        op = telemetry.begin(request)
+        op.gaps_ns = array("q") if gaps else None
+        proxy = StreamProxy(iter(chunks), op, telemetry, endpoint.observe)
+        for _ in range(len(chunks) - 1):
+            next(proxy)
+        start = _now()
+        telemetry.finish(op)
+        return _now() - start
+
+    return statistics.median(once() for _ in range(repeat * 4))
+
+
+def plain_finish_ns(telemetry: Telemetry, repeat: int) -> float:
+    """CPU ns of a non-streamed operation's finish (span end, duration, prompt length and usage records)."""
+    endpoint = openai_adapter._CHAT
+    events, plain = _body(16)
+    client = openai.OpenAI(api_key="k", http_client=httpx2.Client(
+        transport=httpx2.MockTransport(_handler(events, plain))))
+    completion = client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES)
+    request = endpoint.describe(client.chat.completions, {"model": "gpt-4o-mini", "messages": MESSAGES},
+                                telemetry.settings)
+
+    def once() -> int:
+        op = telemetry.begin(request)
+        endpoint.read(op, completion)
+        start = _now()
+        telemetry.finish(op)
+        return _now() - start
+
+    return statistics.median(once() for _ in range(repeat * 20))
+
+
+def plain_call_ns(telemetry: Telemetry, repeat: int) -> float:
+    """CPU ns our wrapper adds around a non-streaming create(): describe, span, hooks' work, read, finish."""
+    events, plain = _body(16)
+    client = openai.OpenAI(api_key="k", http_client=httpx2.Client(
+        transport=httpx2.MockTransport(_handler(events, plain))))
+    completion = client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES)
+    headers = httpx2.Headers(wire.openai_ratelimit_headers(500, 499, 9000, 8000))
+    resource = client.chat.completions
+    wrapper = sync_call(openai_adapter._CHAT)(telemetry)
+    hook_wrapper = hook(openai_adapter._response_arrived)(telemetry)
+
+    def sdk_call(**kwargs: Any) -> Any:
+        # what the SDK does between our create() wrapper and the response: our header hook runs in between
+        hook_wrapper(lambda **_: None, None, (), {"response": httpx2.Response(200, headers=headers)})
+        return completion
+
+    def bare_call(**kwargs: Any) -> Any:
+        httpx2.Response(200, headers=headers)
+        return completion
+
+    kwargs = {"model": "gpt-4o-mini", "messages": MESSAGES}
+
+    def timed(call: Callable[[], Any]) -> int:
+        start = _now()
+        for _ in range(200):
+            call()
+        return (_now() - start) // 200
+
+    on = _best(lambda: timed(lambda: wrapper(sdk_call, resource, (), kwargs)), repeat)
+    off = _best(lambda: timed(lambda: bare_call(**kwargs)), repeat)
+    return on - off
 
 
 def rss_bytes() -> int:
@@ -180,10 +308,8 @@ def memory_growth(requests: int) -> tuple[int, int]:
     events, plain = _body(16)
     client = openai.OpenAI(api_key="k", http_client=httpx2.Client(
         transport=httpx2.MockTransport(_handler(events, plain))))
-    tracer_provider = TracerProvider()
-    tracer_provider.add_span_processor(BatchSpanProcessor(_DropSpans()))
-    otel_llm.instrument(tracer_provider=tracer_provider,
-                        meter_provider=MeterProvider(metric_readers=[InMemoryMetricReader()]))
+    tracer_provider, meter_provider = _pipeline()
+    otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
     try:
         for _ in range(max(500, requests // 10)):
             run_sync_stream(client)
@@ -199,46 +325,54 @@ def memory_growth(requests: int) -> tuple[int, int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
-    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--blocks", type=int, default=None, help="alternating blocks per workload")
     parser.add_argument("--memory-requests", type=int, default=None)
     args = parser.parse_args(argv)
-    rounds = args.rounds or (2 if args.quick else 8)
+    blocks = args.blocks or (2 if args.quick else 16)
     scale = 10 if args.quick else 1
-    workloads = [
-        Workload("stream 16 chunks", 16, 200 // scale),
-        Workload("stream 256 chunks", 256, 30 // scale or 3),
-        Workload("stream 1024 chunks", 1024, 10 // scale or 2),
-        Workload("non-streaming", 0, 300 // scale),
-        Workload("async stream 256", 256, 30 // scale or 3, is_async=True),
-    ]
-    rate = os.environ.get("OTEL_LLM_CHUNK_GAP_SAMPLE_RATE", "0.25 (default)")
-    print(f"otel_llm overhead, openai {openai.__version__}, Python {sys.version.split()[0]}, "
-          f"{os.cpu_count()} cores, chunk gap sample rate {rate}, {rounds} rounds")
-    print(f"{'workload':<20} {'off us/req':>11} {'on us/req':>11} {'+us/req':>9} {'+us/chunk path':>15}")
-    deltas: dict[int, float] = {}
-    for workload in workloads:
-        off, on = measure(workload, rounds)
-        off_us = statistics.median(s.total_ns for s in off) / 1e3
-        on_us = statistics.median(s.total_ns for s in on) / 1e3
-        path = ""
-        if workload.chunks > 1:
-            between = workload.chunks + 1  # role chunk and finish chunk are chunks too
-            path_off = statistics.median(s.chunk_path_ns for s in off) / 1e3
-            path_on = statistics.median(s.chunk_path_ns for s in on) / 1e3
-            path = f"{(path_on - path_off) / between:+.2f}"
-            if not workload.is_async:
-                deltas[workload.chunks] = on_us - off_us
-        print(f"{workload.name:<20} {off_us:>11.1f} {on_us:>11.1f} {on_us - off_us:>+9.1f} {path:>15}")
-    xs = sorted(deltas)
-    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(deltas[x] for x in xs)
-    slope = sum((x - mean_x) * (deltas[x] - mean_y) for x in xs) / sum((x - mean_x) ** 2 for x in xs)
-    print(f"per chunk in total (incl. recording at the finish): {slope:+.2f} us; "
-          f"fixed per streamed request: {mean_y - slope * mean_x:+.1f} us")
+    repeat = 5 if args.quick else 30
+    settings = load_settings()
+    print(f"otel_llm overhead: openai {openai.__version__}, Python {sys.version.split()[0]}, {os.cpu_count()} cores, "
+          f"chunk gap sample rate {settings.chunk_gap_sample_rate}; CPU time of the calling thread")
+
+    print(f"\n1. end to end, side by side ({blocks} alternating blocks per workload)")
+    print(f"{'workload':<20} {'off us/req':>11} {'on us/req':>11} {'+us/req':>9} {'IQR':>8} {'+us/chunk':>10}")
+    for workload in (
+        Workload("stream 16 chunks", 16, 100 // scale),
+        Workload("stream 256 chunks", 256, 10 // scale or 2),
+        Workload("stream 1024 chunks", 1024, 3),
+        Workload("non-streaming", 0, 200 // scale),
+        Workload("async stream 256", 256, 10 // scale or 2, is_async=True),
+    ):
+        off_us, on_us, delta, spread = side_by_side(workload, blocks)
+        per_chunk = f"{delta / workload.chunks:+.2f}" if workload.chunks else ""
+        print(f"{workload.name:<20} {off_us:>11.1f} {on_us:>11.1f} {delta:>+9.1f} {spread:>8.1f} {per_chunk:>10}")
+
+    tracer_provider, meter_provider = _pipeline()
+    telemetry = Telemetry(tracer_provider.get_tracer("bench"), meter_provider.get_meter("bench"), settings)
+    path = chunk_path_ns(_real_chunks(1024), telemetry, repeat) / 1e3
+    unsampled = finish_ns(16, telemetry, repeat, gaps=False) / 1e3
+    sampled = {n: finish_ns(n, telemetry, repeat, gaps=True) / 1e3 for n in (16, 256, 1024)}
+    per_gap = (sampled[1024] - sampled[16]) / (1024 - 16)
+    deferred = settings.chunk_gap_sample_rate * per_gap
+    plain = plain_call_ns(telemetry, repeat) / 1e3
+    print("\n2. our code alone, real SDK objects and pipeline")
+    print(f"chunk path (SDK -> caller): {path:+.2f} us per chunk")
+    print(f"finish of a stream: {unsampled:.1f} us without gap records; with every gap recorded "
+          + ", ".join(f"{n} chunks {us:.1f} us" for n, us in sampled.items()) + f" ({per_gap:.2f} us per gap)")
+    print(f"per chunk in total: {path + deferred:+.2f} us (path {path:.2f} + gap records {per_gap:.2f} x sample "
+          f"rate {settings.chunk_gap_sample_rate})")
+    request_side = plain - plain_finish_ns(telemetry, repeat) / 1e3
+    print(f"fixed per streamed request: {request_side + unsampled:+.1f} us (request side {request_side:.1f}, "
+          f"as for a non-streamed call, + finish {unsampled:.1f})")
+    print(f"non-streaming request: {plain:+.1f} us")
+    tracer_provider.shutdown()
+
     requests = args.memory_requests or (2_000 if args.quick else 20_000)
     before, after = memory_growth(requests)
-    print(f"memory: RSS {before / 2**20:.1f} MiB -> {after / 2**20:.1f} MiB over {requests} streamed requests "
+    print(f"\nmemory: RSS {before / 2**20:.1f} MiB -> {after / 2**20:.1f} MiB over {requests} streamed requests "
           f"({(after - before) / 2**20:+.2f} MiB)")
     return 0
 

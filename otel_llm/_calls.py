@@ -48,7 +48,9 @@ class Endpoint(Protocol):
 
     def read_error(self, op: Operation, error: BaseException) -> None: ...
 
-    def observe(self, op: Operation, chunk: Any) -> bool: ...
+    def observe(self, op: Operation, chunk: Any) -> int:
+        """Note what a stream chunk tells (ids, reasons, usage); say what it is: _stream.OTHER/CONTENT/HIDDEN."""
+        ...
 
 
 def current_operation() -> Operation | None:

@@ -34,7 +34,7 @@ class Operation:
     start_ns: int
     start_epoch_ns: int
     span: Any = None
-    # stream bookkeeping: O(1) per chunk
+    # stream bookkeeping, O(1) per chunk (see _stream._chunk_handler)
     headers_ns: int = 0
     first_content_ns: int = 0
     last_content_ns: int = 0
@@ -62,21 +62,6 @@ class Operation:
     error_type: str | None = None
     end_ns: int = 0
     finished: bool = False
-
-    def note_content(self, now_ns: int) -> None:
-        """A chunk that carries output content arrived. The hot path: keep it O(1)."""
-        last = self.last_content_ns
-        if last:
-            gap = now_ns - last
-            if gap > self.max_gap_ns:
-                self.max_gap_ns = gap
-            if self.gaps_ns is not None:
-                self.gaps_ns.append(gap)
-        else:
-            self.first_content_ns = now_ns
-        self.last_content_ns = now_ns
-        self.last_activity_ns = now_ns
-        self.content_chunks += 1
 
     def close(self, end_ns: int, error_type: str | None) -> bool:
         """Mark the operation finished; True only the first time, so every operation finishes exactly once."""

@@ -8,7 +8,8 @@ They subclass wrapt's proxy so ``isinstance(proxy, openai.Stream)`` and every SD
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -21,30 +22,98 @@ if TYPE_CHECKING:
     from otel_llm._operation import Operation
     from otel_llm._telemetry import Telemetry
 
-# (operation, chunk) -> True when the chunk is ours (a usage chunk the caller did not ask for) and must be hidden
-Observe = Callable[["Operation", Any], bool]
+# What an adapter says a chunk is: returned by Observe(operation, chunk), which also notes usage, ids and reasons
+OTHER = 0  # no output in it (role-only, message_start, response.created, a finish or usage chunk, ...)
+CONTENT = 1  # carries output: text, tool-call, reasoning or audio delta
+HIDDEN = 2  # ours: a usage chunk we asked for and the caller did not, so the caller must not see it
+Observe = Callable[["Operation", Any], int]
 # (operation, parsed result) -> what the caller gets: the result, or a stream proxy around it
 Adopt = Callable[["Operation", Any], Any]
 
 
+def _chunk_handler(op: Operation, observe: Observe) -> Callable[[Any], bool]:
+    """The per-chunk step shared by both proxies: O(1), locals only, no allocation but an optional gap entry.
+    Returns True when the chunk must be hidden from the caller."""
+    clock = time.perf_counter_ns
+    gaps = op.gaps_ns
+
+    def accept(chunk: Any) -> bool:
+        try:
+            kind = observe(op, chunk)
+        except Exception:
+            report_failure("stream chunk")
+            return False
+        if kind == CONTENT:
+            now = clock()
+            last = op.last_content_ns
+            if last:
+                gap = now - last
+                if gap > op.max_gap_ns:
+                    op.max_gap_ns = gap
+                if gaps is not None:
+                    gaps.append(gap)
+            else:
+                op.first_content_ns = now
+            op.last_content_ns = op.last_activity_ns = now
+            op.content_chunks += 1
+            return False
+        return kind == HIDDEN
+
+    return accept
+
+
+# The I/O steps: they hold the operation, never the proxy, so a dropped stream is freed (and finalized) at once.
+
+
+def _sync_step(next_chunk: Callable[[], Any], accept: Callable[[Any], bool], op: Operation,
+               telemetry: Telemetry) -> Callable[[], Any]:
+    finish = telemetry.finish
+
+    def step() -> Any:
+        while True:
+            try:
+                chunk = next_chunk()
+            except StopIteration:
+                finish(op)
+                raise
+            except BaseException as exc:
+                finish(op, exc)
+                raise
+            if not accept(chunk):
+                return chunk
+
+    return step
+
+
+def _async_step(next_chunk: Callable[[], Awaitable[Any]], accept: Callable[[Any], bool], op: Operation,
+                telemetry: Telemetry) -> Callable[[], Awaitable[Any]]:
+    finish = telemetry.finish
+
+    async def step() -> Any:
+        while True:
+            try:
+                chunk = await next_chunk()
+            except StopAsyncIteration:
+                finish(op)
+                raise
+            except BaseException as exc:
+                finish(op, exc)
+                raise
+            if not accept(chunk):
+                return chunk
+
+    return step
+
+
 class _StreamLifecycle(wrapt.ObjectProxy[Any]):
-    """State and finish paths shared by the sync and async proxies; they differ only in the I/O step."""
+    """State and finish paths shared by the sync and async proxies; they differ only in the I/O step.
+    Per-chunk state lives in locals of closures: attribute access on a proxy costs more than on a plain object."""
 
     def __init__(self, wrapped: Any, op: Operation, telemetry: Telemetry, observe: Observe) -> None:
         super().__init__(wrapped)
         self._self_op = op
         self._self_telemetry = telemetry
-        self._self_observe = observe
-
-    def _self_hide(self, chunk: Any) -> bool:
-        try:
-            return self._self_observe(self._self_op, chunk)
-        except Exception:
-            report_failure("stream chunk")
-            return False
-
-    def _self_end(self, error: BaseException | str | None) -> None:
-        self._self_telemetry.finish(self._self_op, error)
+        self._self_accept = _chunk_handler(op, observe)
 
     def _self_closed(self) -> None:
         """The consumer closed the stream; before its end that is a cancellation."""
@@ -61,21 +130,15 @@ class _StreamLifecycle(wrapt.ObjectProxy[Any]):
 
 
 class StreamProxy(_StreamLifecycle):
+    def __init__(self, wrapped: Any, op: Operation, telemetry: Telemetry, observe: Observe) -> None:
+        super().__init__(wrapped, op, telemetry, observe)
+        self._self_next = _sync_step(wrapped.__next__, self._self_accept, op, telemetry)
+
     def __iter__(self) -> StreamProxy:
         return self
 
     def __next__(self) -> Any:
-        while True:
-            try:
-                chunk = self.__wrapped__.__next__()
-            except StopIteration:
-                self._self_end(None)
-                raise
-            except BaseException as exc:
-                self._self_end(exc)
-                raise
-            if not self._self_hide(chunk):
-                return chunk
+        return self._self_next()
 
     def __enter__(self) -> StreamProxy:
         return self
@@ -92,21 +155,15 @@ class StreamProxy(_StreamLifecycle):
 
 
 class AsyncStreamProxy(_StreamLifecycle):
+    def __init__(self, wrapped: Any, op: Operation, telemetry: Telemetry, observe: Observe) -> None:
+        super().__init__(wrapped, op, telemetry, observe)
+        self._self_next = _async_step(wrapped.__anext__, self._self_accept, op, telemetry)
+
     def __aiter__(self) -> AsyncStreamProxy:
         return self
 
-    async def __anext__(self) -> Any:
-        while True:
-            try:
-                chunk = await self.__wrapped__.__anext__()
-            except StopAsyncIteration:
-                self._self_end(None)
-                raise
-            except BaseException as exc:
-                self._self_end(exc)
-                raise
-            if not self._self_hide(chunk):
-                return chunk
+    def __anext__(self) -> Awaitable[Any]:
+        return self._self_next()
 
     async def __aenter__(self) -> AsyncStreamProxy:
         return self

@@ -7,6 +7,7 @@ Covers chat completions (``create``, ``parse``, the ``stream()`` helper), the Re
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,7 @@ from otel_llm import _semconv as sc
 from otel_llm._calls import Kind, after, async_call, hook, sync_call
 from otel_llm._operation import Request
 from otel_llm._patching import Provider, Target
-from otel_llm._stream import closed_by_helper
+from otel_llm._stream import CONTENT, HIDDEN, OTHER, closed_by_helper
 
 if TYPE_CHECKING:
     from otel_llm._operation import Operation
@@ -37,6 +38,11 @@ _RATE_LIMIT_HEADERS: tuple[tuple[str, str, str], ...] = (
     (sc.RATE_LIMIT_REQUESTS, "x-ratelimit-remaining-requests", "x-ratelimit-limit-requests"),
     (sc.RATE_LIMIT_TOKENS, "x-ratelimit-remaining-tokens", "x-ratelimit-limit-tokens"),
 )
+
+_HEADERS: Mapping[bytes, str] = {
+    name.encode(): name
+    for name in ("retry-after", "retry-after-ms", *(key for _, *keys in _RATE_LIMIT_HEADERS for key in keys))
+}
 
 # Responses API stream events that carry output: the first of them is the first token
 _RESPONSES_CONTENT_EVENTS = frozenset({
@@ -141,26 +147,27 @@ def _request_parameters(kwargs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _read_headers(op: Operation, headers: Any) -> None:
-    if headers is None:
+    """Rate-limit headroom and retry-after, in one pass over the raw headers (a lookup per name costs more)."""
+    raw = getattr(headers, "raw", None)
+    if raw is None:
+        return
+    found: dict[str, float] = {}
+    for key, value in raw:
+        name = _HEADERS.get(key.lower())
+        if name is not None:
+            # an HTTP date in retry-after is not a duration we can use without guessing at clocks
+            with contextlib.suppress(ValueError):
+                found[name] = float(value)
+    if not found:
         return
     for resource, remaining_key, limit_key in _RATE_LIMIT_HEADERS:
-        remaining, limit = _header_number(headers, remaining_key), _header_number(headers, limit_key)
+        remaining, limit = found.get(remaining_key), found.get(limit_key)
         if remaining is not None or limit is not None:
             op.rate_limits[resource] = (remaining, limit)
-    retry_after_ms = _header_number(headers, "retry-after-ms")
-    retry_after = retry_after_ms / 1000 if retry_after_ms is not None else _header_number(headers, "retry-after")
-    if retry_after is not None:
-        op.retry_after = retry_after
-
-
-def _header_number(headers: Any, key: str) -> float | None:
-    raw = headers.get(key)
-    if raw is None:
-        return None
-    try:
-        return float(raw)
-    except ValueError:
-        return None  # e.g. an HTTP date in retry-after: not a duration we can use without a clock guess
+    if "retry-after-ms" in found:
+        op.retry_after = found["retry-after-ms"] / 1000
+    elif "retry-after" in found:
+        op.retry_after = found["retry-after"]
 
 
 def _read_chat_usage(op: Operation, usage: Any) -> None:
@@ -253,7 +260,7 @@ class _Endpoint:
         if isinstance(error, openai.APIStatusError):
             _read_headers(op, error.response.headers)
 
-    def observe(self, op: Operation, chunk: Any) -> bool:
+    def observe(self, op: Operation, chunk: Any) -> int:
         raise NotImplementedError
 
 
@@ -270,31 +277,33 @@ class _ChatCompletions(_Endpoint):
         if op.output_text is not None and result.choices:
             op.output_text.append(result.choices[0].message.content or "")
 
-    def observe(self, op: Operation, chunk: Any) -> bool:
+    def observe(self, op: Operation, chunk: Any) -> int:
         choices = chunk.choices
-        usage = chunk.usage
-        if usage is not None:
-            _read_chat_usage(op, usage)
         if not choices:
-            return usage is not None and op.hide_usage_chunk
+            usage = chunk.usage
+            if usage is None:
+                return OTHER
+            _read_chat_usage(op, usage)
+            return HIDDEN if op.hide_usage_chunk else OTHER
         if op.response_id is None:
             op.response_id = chunk.id
             op.response_model = chunk.model
-        content = False
+        kind = OTHER
         for choice in choices:
             delta = choice.delta
             if delta.content or delta.tool_calls or delta.refusal or delta.function_call:
-                content = True
+                kind = CONTENT
                 if op.output_text is not None and delta.content:
                     op.output_text.append(delta.content)
             elif delta.model_extra and (delta.model_extra.get("reasoning_content")
                                         or delta.model_extra.get("reasoning")):
-                content = True  # reasoning deltas of OpenAI-compatible servers (vLLM, DeepSeek, ...)
+                kind = CONTENT  # reasoning deltas of OpenAI-compatible servers (vLLM, DeepSeek, ...)
             if choice.finish_reason:
                 op.finish_reasons.append(choice.finish_reason)
-        if content:
-            op.note_content(_clock())
-        return False
+                # some compatible servers put usage on the finishing chunk instead of a chunk of its own
+                if chunk.usage is not None:
+                    _read_chat_usage(op, chunk.usage)
+        return kind
 
 
 class _Responses(_Endpoint):
@@ -305,18 +314,18 @@ class _Responses(_Endpoint):
         if op.output_text is not None:
             op.output_text.append(getattr(result, "output_text", "") or "")
 
-    def observe(self, op: Operation, chunk: Any) -> bool:
-        kind = chunk.type
-        if kind in _RESPONSES_CONTENT_EVENTS:
-            op.note_content(_clock())
-            if op.output_text is not None and kind == "response.output_text.delta":
+    def observe(self, op: Operation, chunk: Any) -> int:
+        event = chunk.type
+        if event in _RESPONSES_CONTENT_EVENTS:
+            if op.output_text is not None and event == "response.output_text.delta":
                 op.output_text.append(chunk.delta)
-        elif kind in _RESPONSES_FINAL_EVENTS:
+            return CONTENT
+        if event in _RESPONSES_FINAL_EVENTS:
             _read_responses_usage(op, chunk.response)
-        elif kind == "response.created":
+        elif event == "response.created":
             op.response_id = chunk.response.id
             op.response_model = chunk.response.model
-        return False
+        return OTHER
 
 
 class _Completions(_Endpoint):
@@ -331,27 +340,28 @@ class _Completions(_Endpoint):
         if result.usage is not None:
             _read_chat_usage(op, result.usage)
 
-    def observe(self, op: Operation, chunk: Any) -> bool:
+    def observe(self, op: Operation, chunk: Any) -> int:
         choices = chunk.choices
-        usage = chunk.usage
-        if usage is not None:
-            _read_chat_usage(op, usage)
         if not choices:
-            return usage is not None and op.hide_usage_chunk
+            usage = chunk.usage
+            if usage is None:
+                return OTHER
+            _read_chat_usage(op, usage)
+            return HIDDEN if op.hide_usage_chunk else OTHER
         if op.response_id is None:
             op.response_id = chunk.id
             op.response_model = chunk.model
-        content = False
+        kind = OTHER
         for choice in choices:
             if choice.text:
-                content = True
+                kind = CONTENT
                 if op.output_text is not None:
                     op.output_text.append(choice.text)
             if choice.finish_reason:
                 op.finish_reasons.append(choice.finish_reason)
-        if content:
-            op.note_content(_clock())
-        return False
+                if chunk.usage is not None:
+                    _read_chat_usage(op, chunk.usage)
+        return kind
 
 
 class _Embeddings(_Endpoint):
@@ -370,8 +380,8 @@ class _Embeddings(_Endpoint):
         if result.usage is not None:
             op.input_tokens = result.usage.prompt_tokens
 
-    def observe(self, op: Operation, chunk: Any) -> bool:
-        return False
+    def observe(self, op: Operation, chunk: Any) -> int:
+        return OTHER
 
 
 def _response_arrived(op: Operation, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
