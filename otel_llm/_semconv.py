@@ -81,6 +81,10 @@ TOKEN_OUTPUT: Final = "output"
 # error.type for streams that did not run to their end
 ERROR_CANCELLED: Final = "cancelled"
 ERROR_ABANDONED: Final = "abandoned"
+# error.type values that are the caller's choice, not a failure of the provider
+CALLER_ENDED_ERROR_TYPES: Final = (ERROR_CANCELLED, ERROR_ABANDONED)
+# error.type values (exception class names of the clients) that mean the provider throttled the call (HTTP 429)
+RATE_LIMIT_ERROR_TYPES: Final = ("RateLimitError", "ThrottlingException", "TooManyRequestsException")
 
 RATE_LIMIT_REQUESTS: Final = "requests"
 RATE_LIMIT_TOKENS: Final = "tokens"
