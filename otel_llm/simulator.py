@@ -1,0 +1,825 @@
+"""A built-in LLM server on loopback: the OpenAI chat-completions wire, a serving-engine latency model, ground truth.
+
+Use it to watch otel_llm work without an API key, and to compare what a client measured with what the server did::
+
+    with Simulator(seed=1) as sim:
+        client = openai.OpenAI(base_url=sim.base_url, api_key="sim")
+        ...
+        print(summarize(sim.truth()).ttft.p99)
+
+Wire. ``POST /v1/chat/completions`` answers plain JSON (with ``usage``) or, with ``"stream": true``, server-sent
+events: a role-only chunk (``content: ""``), one chunk per output token, a chunk carrying ``finish_reason``, a
+usage-only chunk with ``choices: []`` when ``stream_options.include_usage`` is true, then ``data: [DONE]``.
+``GET /v1/models`` lists the served models. HTTP/1.1 with keep-alive and chunked transfer encoding, served by an
+asyncio event loop in one daemon thread. Unknown models get 404 ``model_not_found``; with ``api_key`` set, a wrong
+bearer token gets 401 ``invalid_api_key``.
+
+Latency model (every parameter is a field of `EngineConfig`):
+
+- The engine has ``capacity`` slots. A request holds one from the start of its prefill to its last token; requests
+  beyond capacity wait first come, first served. That wait is the queue wait.
+- With ``n`` slots busy, each step runs ``slowdown(n) = 1 + batch_slowdown * (n - 1)`` times slower than alone:
+  the batch shares one accelerator, so throughput rises with concurrency while every sequence slows down.
+- Prefill takes ``(prefill_base_s + prefill_per_token_s * prompt_tokens) * slowdown(n)``, ``n`` counted when it
+  starts. With probability ``tail_probability`` it is also multiplied by ``tail_prefill_multiplier`` (the heavy
+  tail: p99 TTFT sits well above p50). TTFT = queue wait + prefill.
+- Token ``i + 1`` is due ``tpot_base_s * slowdown(n)`` after token ``i`` was due, ``n`` counted at token ``i``,
+  so time per output token follows the batch as it changes. Deadlines are absolute: timer lateness (about 1 ms
+  on epoll) does not accumulate.
+- Prompt tokens = ceil(characters of message text / ``chars_per_token``). Output tokens = the request's
+  ``max_completion_tokens`` or ``max_tokens`` (``finish_reason`` ``"length"``; above ``max_output_tokens`` is a
+  400), else a log-normal draw with median ``output_tokens_median`` and shape ``output_tokens_sigma``, clipped to
+  ``[1, max_output_tokens]`` (``finish_reason`` ``"stop"``).
+- Rate limits: token buckets holding ``requests_per_minute`` and ``tokens_per_minute`` (``None`` disables one),
+  full at start and refilled continuously. A request costs 1 request and prompt + output tokens; when a bucket
+  lacks that, the answer is 429 with an OpenAI-style error body, ``retry-after`` (whole seconds, rounded up) and
+  ``retry-after-ms``. Every answer to a chat request carries ``x-ratelimit-limit-*``, ``x-ratelimit-remaining-*``
+  and ``x-ratelimit-reset-*`` for ``requests`` and ``tokens`` (reset = time until the bucket is full again).
+- Response headers and the role-only chunk go out as soon as a request is admitted, before it queues, so a client
+  that takes the role chunk for its first token measures visibly less than the true TTFT.
+
+Randomness: the k-th chat request to arrive (k counts from 0) draws everything (heavy tail, output length, text,
+completion id) from ``random.Random(f"{seed}/{k}")``; the same seed and arrival order give the same draws.
+
+Ground truth: each chat request answered 200, 429 or 499 (client went away mid-response) leaves a `TruthRecord` with
+`time.perf_counter_ns` marks, the clock an in-process client uses: arrival of the request head, each content chunk
+just before it goes to the socket, the end of the response. `summarize` gives exact percentiles (`percentile`).
+A client in the same process shares the GIL with the server thread: its TTFT runs from before the request is sent
+to after the chunk is parsed, so it exceeds the truth by the client's own work (openai 3.x: about 1-1.6 ms to build
+a request) plus a few tenths of a millisecond of transfer, more when either thread waits for the other. A client
+that keeps the CPU busy also makes the server's timers fire late: records stay exact, but latencies then exceed
+the model's nominal values.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import math
+import random
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from http import HTTPStatus
+from itertools import pairwise
+from types import TracebackType
+from typing import Any
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "EngineConfig",
+    "Quantiles",
+    "Simulator",
+    "TruthRecord",
+    "TruthSummary",
+    "percentile",
+    "summarize",
+]
+
+DEFAULT_MODEL = "otel-llm-sim"
+
+_HOST = "127.0.0.1"
+_FINGERPRINT = "fp_otelllmsim"
+_RATE_LIMIT_DOCS = "Visit https://platform.openai.com/account/rate-limits to learn more."
+
+_WORDS = """
+the a of to and in is that for it as with on be by this are from at or an which model we can not have more time
+data one all their will has its but also into each when than other two these new first been such only most used
+system any may were some what over our how latency token request server stream batch cache queue output
+input prompt slot engine kernel memory throughput decode prefill trace span metric signal sample window rate
+budget client network answer question result value measure percentile tail median load user service call reply
+because while before after under between without within across during through against about around every
+quickly slowly steady careful simple small large long short fast slow early late clear exact common useful
+"""
+# Leading-space words like a BPE vocabulary, plus punctuation; each entry's JSON string is built once.
+_TOKEN_TEXTS = (*(" " + word for word in _WORDS.split()), *(",",) * 12, *(".",) * 10, *("\n\n",) * 2)
+_TOKENS = tuple((text, json.dumps(text).encode()) for text in _TOKEN_TEXTS)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Parameters of the latency model described in the module docstring. Times in seconds.
+
+    The defaults make one request at concurrency 1 take about 0.3 s (48 tokens at 6 ms after a ~20 ms prefill) and
+    saturate at 32 sequences, so a demo at concurrencies 1/4/16/64 runs in seconds.
+    """
+
+    capacity: int = 32
+    prefill_base_s: float = 0.015
+    prefill_per_token_s: float = 0.00004
+    tpot_base_s: float = 0.006
+    batch_slowdown: float = 0.04
+    output_tokens_median: int = 48
+    output_tokens_sigma: float = 0.6
+    max_output_tokens: int = 4096
+    tail_probability: float = 0.02
+    tail_prefill_multiplier: float = 15.0
+    chars_per_token: float = 4.0
+    requests_per_minute: int | None = 10_000
+    tokens_per_minute: int | None = 2_000_000
+
+    def __post_init__(self) -> None:
+        if self.capacity < 1 or self.output_tokens_median < 1 or self.max_output_tokens < 1:
+            raise ValueError("capacity, output_tokens_median and max_output_tokens must be at least 1")
+        if min(self.prefill_base_s, self.prefill_per_token_s, self.tpot_base_s, self.batch_slowdown) < 0:
+            raise ValueError("times and batch_slowdown must not be negative")
+        if not 0 <= self.tail_probability <= 1 or self.tail_prefill_multiplier < 1 or self.chars_per_token <= 0:
+            raise ValueError("need 0 <= tail_probability <= 1, tail_prefill_multiplier >= 1, chars_per_token > 0")
+        if any(limit is not None and limit < 1 for limit in (self.requests_per_minute, self.tokens_per_minute)):
+            raise ValueError("rate limits must be at least 1, or None")
+
+    def slowdown(self, busy: int) -> float:
+        """How many times slower a step runs with `busy` slots in use than alone."""
+        return 1 + self.batch_slowdown * max(busy - 1, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class TruthRecord:
+    """What the simulator did for one chat request. Times are `time.perf_counter_ns` values."""
+
+    index: int  # arrival order; selects the request's random draws
+    request_id: str  # the completion id sent to the client
+    model: str
+    stream: bool
+    status: int  # 200, 429, or 499 when the client went away mid-response
+    received_ns: int  # the request head had arrived
+    queue_wait_ns: int  # admitted -> got a decode slot
+    token_ns: tuple[int, ...]  # each content chunk, just before it was written (streams only)
+    finished_ns: int  # the end of the response was about to be written
+    prompt_tokens: int
+    output_tokens: int  # tokens sent (fewer than planned on 499)
+    slow: bool  # drew the heavy-tail prefill
+
+    @property
+    def first_token_ns(self) -> int | None:
+        return self.token_ns[0] if self.token_ns else None
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Arrival -> first content chunk written."""
+        return (self.token_ns[0] - self.received_ns) / 1e9 if self.token_ns else None
+
+    @property
+    def tpot_s(self) -> float | None:
+        """(last content chunk - first) / (chunks - 1), for streams with at least two content chunks."""
+        if len(self.token_ns) < 2:
+            return None
+        return (self.token_ns[-1] - self.token_ns[0]) / (len(self.token_ns) - 1) / 1e9
+
+    @property
+    def gaps_s(self) -> list[float]:
+        """Gap before each content chunk after the first."""
+        return [(later - earlier) / 1e9 for earlier, later in pairwise(self.token_ns)]
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    """The q-th percentile (0 <= q <= 100) of values, interpolating linearly between the two nearest ranks.
+
+    This is Hyndman & Fan's type 7, numpy's default: rank h = (n - 1) * q / 100 over the sorted values.
+    """
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("percentile of no values")
+    if not 0 <= q <= 100:
+        raise ValueError(f"q must be within [0, 100], got {q}")
+    return _sorted_percentile(ordered, q)
+
+
+def _sorted_percentile(ordered: Sequence[float], q: float) -> float:
+    rank = (len(ordered) - 1) * q / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+@dataclass(frozen=True, slots=True)
+class Quantiles:
+    """Exact percentiles of a sample (see `percentile`); NaN when the sample is empty."""
+
+    count: int
+    p50: float
+    p95: float
+    p99: float
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> Quantiles:
+        ordered = sorted(values)
+        if not ordered:
+            return cls(0, math.nan, math.nan, math.nan)
+        return cls(len(ordered), *(_sorted_percentile(ordered, q) for q in (50, 95, 99)))
+
+
+@dataclass(frozen=True, slots=True)
+class TruthSummary:
+    """Aggregates over truth records. Latencies in seconds, from streamed requests answered 200."""
+
+    requests: int
+    ok: int
+    rate_limited: int
+    output_tokens: int  # sent with status 200
+    elapsed_s: float  # first arrival -> last response finished
+    requests_per_s: float  # answered 200, per elapsed second
+    output_tokens_per_s: float
+    ttft: Quantiles
+    tpot: Quantiles
+    chunk_gap: Quantiles
+    queue_wait: Quantiles
+
+
+def summarize(records: Sequence[TruthRecord]) -> TruthSummary:
+    """Throughput and exact TTFT/TPOT/chunk-gap/queue-wait percentiles of `records`."""
+    ok = [record for record in records if record.status == 200]
+    streamed = [record for record in ok if record.token_ns]
+    elapsed_ns = max(r.finished_ns for r in records) - min(r.received_ns for r in records) if records else 0
+    elapsed_s = elapsed_ns / 1e9
+    output_tokens = sum(record.output_tokens for record in ok)
+    return TruthSummary(
+        requests=len(records),
+        ok=len(ok),
+        rate_limited=sum(record.status == 429 for record in records),
+        output_tokens=output_tokens,
+        elapsed_s=elapsed_s,
+        requests_per_s=len(ok) / elapsed_s if elapsed_s else math.nan,
+        output_tokens_per_s=output_tokens / elapsed_s if elapsed_s else math.nan,
+        ttft=Quantiles.of(ttft for r in streamed if (ttft := r.ttft_s) is not None),
+        tpot=Quantiles.of(tpot for r in streamed if (tpot := r.tpot_s) is not None),
+        chunk_gap=Quantiles.of(gap for r in streamed for gap in r.gaps_s),
+        queue_wait=Quantiles.of(r.queue_wait_ns / 1e9 for r in ok),
+    )
+
+
+class Simulator:
+    """The OpenAI-compatible simulated LLM server; see the module docstring. Runs once: start, then stop.
+
+    `seed` fixes the random draws, `port` 0 picks a free port, `models` are the model ids it serves, and `api_key`,
+    when set, is the only bearer token it accepts.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        *,
+        seed: int = 0,
+        port: int = 0,
+        models: Sequence[str] = (DEFAULT_MODEL,),
+        api_key: str | None = None,
+    ) -> None:
+        self.config = config or EngineConfig()
+        self.seed = seed
+        self.models = tuple(models)
+        self._requested_port = port
+        self._api_key = api_key
+        self._slots = _Slots(self.config.capacity)
+        self._limits = _RateLimits(self.config)
+        self._next_index = 0
+        self._records: list[TruthRecord] = []
+        self._connections: set[asyncio.Task[Any]] = set()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._port: int | None = None
+        self._ran = False
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("the simulator is not running; call start() or use it as a context manager")
+        return self._port
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{_HOST}:{self.port}/v1"
+
+    def start(self) -> Simulator:
+        """Bind and serve from a daemon thread; returns once the port accepts connections."""
+        if self._ran:
+            raise RuntimeError("a Simulator runs once; create a new one")
+        self._ran = True
+        ready: concurrent.futures.Future[int] = concurrent.futures.Future()
+        self._thread = threading.Thread(target=self._run, args=(ready,), name="otel-llm-simulator", daemon=True)
+        self._thread.start()
+        try:
+            self._port = ready.result()
+        except (OSError, RuntimeError):
+            self._thread.join()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Close the listener, cut open connections and join the thread. Safe to call twice."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        if self._loop is not None and self._stopping is not None and thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stopping.set)
+        thread.join()
+        self._port = None
+
+    def __enter__(self) -> Simulator:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def truth(self) -> list[TruthRecord]:
+        """Records of the chat requests answered so far, in arrival order."""
+        return sorted(self._records, key=lambda record: record.index)
+
+    def reset_truth(self) -> None:
+        """Forget the records (the draw sequence and rate-limit buckets carry on)."""
+        self._records.clear()
+
+    def _run(self, ready: concurrent.futures.Future[int]) -> None:
+        try:
+            asyncio.run(self._serve(ready))
+        finally:
+            if not ready.done():
+                ready.set_exception(RuntimeError("the simulator thread ended before it served"))
+
+    async def _serve(self, ready: concurrent.futures.Future[int]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        try:
+            server = await asyncio.start_server(self._connection, _HOST, self._requested_port)
+        except OSError as exc:
+            ready.set_exception(exc)
+            return
+        ready.set_result(server.sockets[0].getsockname()[1])
+        await self._stopping.wait()
+        server.close()
+        for task in self._connections:
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        await server.wait_closed()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            while await self._exchange(reader, writer):
+                pass
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the client went away
+        except asyncio.CancelledError:
+            pass  # stop(): end normally, as Python 3.11's stream callback logs a cancelled connection task
+        finally:
+            self._connections.discard(task)
+            writer.close()
+
+    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """Read one request and answer it; False when the connection should close."""
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError as exc:
+            if exc.partial:
+                raise
+            return False  # clean end of a keep-alive connection
+        except asyncio.LimitOverrunError:
+            await _send_json(writer, 431, _error("Request headers too large.", "invalid_request_error"), [], False)
+            return False
+        received_ns = time.perf_counter_ns()
+        try:
+            method, path, headers = _parse_head(head)
+            length = int(headers.get("content-length", "0"))
+            if length < 0:
+                raise ValueError(length)
+        except ValueError:
+            await _send_json(writer, 400, _error("Malformed HTTP request.", "invalid_request_error"), [], False)
+            return False
+        if "transfer-encoding" in headers:
+            await _send_json(writer, 411, _error("Send a Content-Length body.", "invalid_request_error"), [], False)
+            return False
+        body = await reader.readexactly(length)
+        keep_alive = headers.get("connection", "").lower() != "close"
+        request = _Request(body, received_ns, keep_alive)
+
+        if self._api_key is not None and headers.get("authorization") != f"Bearer {self._api_key}":
+            message = "Incorrect API key provided. Find your API key at https://platform.openai.com/account/api-keys."
+            await _send_json(writer, 401, _error(message, "invalid_request_error", "invalid_api_key"), [], keep_alive)
+        elif (method, path) == ("POST", "/v1/chat/completions"):
+            await self._chat(writer, request)
+        elif (method, path) == ("GET", "/v1/models"):
+            data = [{"id": model, "object": "model", "created": 0, "owned_by": "otel-llm"} for model in self.models]
+            await _send_json(writer, 200, {"object": "list", "data": data}, [], keep_alive)
+        else:
+            error = _error(f"Invalid URL ({method} {path})", "invalid_request_error")
+            await _send_json(writer, 404, error, [], keep_alive)
+        return keep_alive
+
+    async def _chat(self, writer: asyncio.StreamWriter, request: _Request) -> None:
+        try:
+            payload: Any = json.loads(request.body)
+            plan = self._plan(payload)
+        except _BadRequest as exc:
+            await _send_json(writer, exc.status, exc.body, [], request.keep_alive)
+            return
+        except ValueError:
+            message = "We could not parse the JSON body of your request. The OpenAI API expects a JSON payload."
+            await _send_json(writer, 400, _error(message, "invalid_request_error"), [], request.keep_alive)
+            return
+
+        now = time.perf_counter_ns()
+        rejection = self._limits.admit(plan.prompt_tokens + len(plan.tokens), now)
+        headers = [("x-request-id", f"req_{plan.completion_id[9:]}"), *self._limits.headers(now)]
+        if rejection is not None:
+            await self._reject(writer, request, plan, rejection, headers)
+            return
+
+        events = _EventStream(writer, plan) if plan.stream else None
+        written: list[int] = []
+        queue_wait_ns = 0
+        try:
+            if events is not None:
+                await events.open(headers)
+            queued_ns = time.perf_counter_ns()
+            await self._slots.acquire()
+            queue_wait_ns = time.perf_counter_ns() - queued_ns
+            try:
+                await self._generate(plan, events, written)
+            finally:
+                self._slots.release()
+        except ConnectionError:
+            self._record(plan, request, 499, queue_wait_ns, written, len(written))
+            raise
+        # Recorded before the last bytes go out, so a client that has its answer finds the record.
+        self._record(plan, request, 200, queue_wait_ns, written, len(plan.tokens))
+        if events is not None:
+            await events.close()
+        else:
+            await _send_json(writer, 200, _completion(plan), headers, request.keep_alive)
+
+    async def _generate(self, plan: _Plan, events: _EventStream | None, written: list[int]) -> None:
+        """Prefill, then decode token by token; when streaming, send each token and note its write time."""
+        config = self.config
+        prefill_s = config.prefill_base_s + config.prefill_per_token_s * plan.prompt_tokens
+        if plan.slow:
+            prefill_s *= config.tail_prefill_multiplier
+        due_ns = time.perf_counter_ns() + round(prefill_s * config.slowdown(self._slots.busy) * 1e9)
+        for _, token_json in plan.tokens:
+            await asyncio.sleep((due_ns - time.perf_counter_ns()) / 1e9)
+            if events is not None:
+                written.append(await events.token(token_json))
+            due_ns += round(config.tpot_base_s * config.slowdown(self._slots.busy) * 1e9)
+
+    async def _reject(
+        self,
+        writer: asyncio.StreamWriter,
+        request: _Request,
+        plan: _Plan,
+        rejection: tuple[_Bucket, int, float],
+        headers: list[tuple[str, str]],
+    ) -> None:
+        bucket, cost, wait_s = rejection
+        message = (
+            f"Rate limit reached for {plan.model} in organization org-otel-llm-sim on {bucket.label}: "
+            f"Limit {bucket.limit}, Used {bucket.limit - bucket.remaining}, Requested {cost}. "
+            f"Please try again in {_duration(wait_s)}. {_RATE_LIMIT_DOCS}"
+        )
+        retry = [("retry-after", str(math.ceil(wait_s))), ("retry-after-ms", str(math.ceil(wait_s * 1000)))]
+        body = _error(message, bucket.resource, "rate_limit_exceeded")
+        self._record(plan, request, 429, 0, [], 0)
+        await _send_json(writer, 429, body, [*retry, *headers], request.keep_alive)
+
+    def _plan(self, payload: Any) -> _Plan:
+        """Validate a chat request and make the draws for it."""
+        if not isinstance(payload, dict):
+            raise _BadRequest(400, "The request body must be a JSON object.")
+        model, messages = payload.get("model"), payload.get("messages")
+        if not isinstance(model, str):
+            raise _BadRequest(400, "you must provide a model parameter", "model")
+        if not isinstance(messages, list) or not messages:
+            raise _BadRequest(400, "'messages' must be a non-empty array.", "messages")
+        if model not in self.models:
+            raise _BadRequest(
+                404, f"The model `{model}` does not exist or you do not have access to it.", None, "model_not_found"
+            )
+        if payload.get("n") not in (None, 1):
+            raise _BadRequest(400, "The simulator supports n=1 only.", "n")
+        max_tokens = payload.get("max_completion_tokens", payload.get("max_tokens"))
+        limit = self.config.max_output_tokens
+        if max_tokens is not None and (type(max_tokens) is not int or not 1 <= max_tokens <= limit):
+            message = f"max_tokens must be an integer from 1 to {limit}, got {max_tokens!r}."
+            raise _BadRequest(400, message, "max_tokens")
+        stream = payload.get("stream") is True
+        options = payload.get("stream_options")
+        include_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
+
+        index, self._next_index = self._next_index, self._next_index + 1
+        rng = random.Random(f"{self.seed}/{index}")
+        slow = rng.random() < self.config.tail_probability
+        if max_tokens is None:
+            median, sigma = self.config.output_tokens_median, self.config.output_tokens_sigma
+            drawn = round(rng.lognormvariate(math.log(median), sigma))
+            output_tokens, finish_reason = min(max(drawn, 1), limit), "stop"
+        else:
+            output_tokens, finish_reason = max_tokens, "length"
+        return _Plan(
+            index=index,
+            completion_id=f"chatcmpl-{rng.getrandbits(96):024x}",
+            created=int(time.time()),
+            model=model,
+            stream=stream,
+            include_usage=include_usage,
+            prompt_tokens=max(1, math.ceil(_message_chars(messages) / self.config.chars_per_token)),
+            tokens=rng.choices(_TOKENS, k=output_tokens),
+            finish_reason=finish_reason,
+            slow=slow,
+        )
+
+    def _record(
+        self, plan: _Plan, request: _Request, status: int, queue_wait_ns: int, written: list[int], output_tokens: int
+    ) -> None:
+        self._records.append(
+            TruthRecord(
+                index=plan.index,
+                request_id=plan.completion_id,
+                model=plan.model,
+                stream=plan.stream,
+                status=status,
+                received_ns=request.received_ns,
+                queue_wait_ns=queue_wait_ns,
+                token_ns=tuple(written),
+                finished_ns=time.perf_counter_ns(),
+                prompt_tokens=plan.prompt_tokens,
+                output_tokens=output_tokens,
+                slow=plan.slow,
+            )
+        )
+
+
+@dataclass(slots=True)
+class _Request:
+    body: bytes
+    received_ns: int
+    keep_alive: bool
+
+
+@dataclass(slots=True)
+class _Plan:
+    """One chat request's parameters and its random draws."""
+
+    index: int
+    completion_id: str
+    created: int
+    model: str
+    stream: bool
+    include_usage: bool
+    prompt_tokens: int
+    tokens: list[tuple[str, bytes]]  # (text, JSON string) per output token
+    finish_reason: str
+    slow: bool
+
+    def chunk_prefix(self) -> str:
+        return (
+            f'{{"id":"{self.completion_id}","object":"chat.completion.chunk","created":{self.created},'
+            f'"model":{json.dumps(self.model)},"service_tier":"default","system_fingerprint":"{_FINGERPRINT}",'
+            '"choices":['
+        )
+
+    def usage_null(self) -> str:
+        return ',"usage":null' if self.include_usage else ""
+
+    def usage(self) -> dict[str, object]:
+        output = len(self.tokens)
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": output,
+            "total_tokens": self.prompt_tokens + output,
+            "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+            "completion_tokens_details": {
+                "reasoning_tokens": 0,
+                "audio_tokens": 0,
+                "accepted_prediction_tokens": 0,
+                "rejected_prediction_tokens": 0,
+            },
+        }
+
+
+class _EventStream:
+    """One response's server-sent events; the bytes around each token are built once."""
+
+    def __init__(self, writer: asyncio.StreamWriter, plan: _Plan) -> None:
+        self._writer = writer
+        prefix, usage_null = plan.chunk_prefix(), plan.usage_null()
+        self._role = (
+            f'data: {prefix}{{"index":0,"delta":{{"role":"assistant","content":"","refusal":null}},'
+            f'"logprobs":null,"finish_reason":null}}]{usage_null}}}\n\n'
+        ).encode()
+        self._token_head = f'data: {prefix}{{"index":0,"delta":{{"content":'.encode()
+        self._token_tail = f'}},"logprobs":null,"finish_reason":null}}]{usage_null}}}\n\n'.encode()
+        finish = f'{{"index":0,"delta":{{}},"logprobs":null,"finish_reason":"{plan.finish_reason}"}}'
+        ending = [f"data: {prefix}{finish}]{usage_null}}}\n\n".encode()]
+        if plan.include_usage:
+            ending.append(f'data: {prefix}],"usage":{json.dumps(plan.usage())}}}\n\n'.encode())
+        ending.append(b"data: [DONE]\n\n")
+        self._ending = b"".join(_frame(event) for event in ending) + b"0\r\n\r\n"
+
+    async def open(self, headers: list[tuple[str, str]]) -> None:
+        """Response head and the role-only chunk."""
+        self._writer.write(_response_head(200, [*_SSE_HEADERS, *headers]) + _frame(self._role))
+        await self._writer.drain()
+
+    async def token(self, token_json: bytes) -> int:
+        """Send one token's chunk; return its write time."""
+        head, tail = self._token_head, self._token_tail
+        chunk = b"%x\r\n%b%b%b\r\n" % (len(head) + len(token_json) + len(tail), head, token_json, tail)
+        # Stamped before the send: send() releases the GIL, and the woken client may keep it for milliseconds.
+        written_ns = time.perf_counter_ns()
+        self._writer.write(chunk)
+        await self._writer.drain()
+        return written_ns
+
+    async def close(self) -> None:
+        """Finish chunk, usage chunk when asked for, [DONE], end of the chunked body."""
+        self._writer.write(self._ending)
+        await self._writer.drain()
+
+
+class _BadRequest(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = _error(message, "invalid_request_error", code, param)
+
+
+class _Slots:
+    """Decode slots, handed out first come, first served."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self.busy = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    async def acquire(self) -> None:
+        if self.busy < self._capacity and not self._waiters:
+            self.busy += 1
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if not waiter.cancelled():  # handed a slot in the same turn as the cancellation
+                self.release()
+            elif waiter in self._waiters:
+                self._waiters.remove(waiter)
+            raise
+
+    def release(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():  # skip waiters cancelled but not yet resumed
+                waiter.set_result(None)  # the slot passes straight on; busy is unchanged
+                return
+        self.busy -= 1
+
+
+class _Bucket:
+    """A token bucket of `limit` per minute, refilled continuously."""
+
+    def __init__(self, resource: str, label: str, limit: int, now_ns: int) -> None:
+        self.resource = resource
+        self.label = label
+        self.limit = limit
+        self._level = float(limit)
+        self._per_ns = limit / 60e9
+        self._stamp_ns = now_ns
+
+    @property
+    def remaining(self) -> int:
+        return math.floor(self._level)
+
+    def refill(self, now_ns: int) -> None:
+        self._level = min(self.limit, self._level + (now_ns - self._stamp_ns) * self._per_ns)
+        self._stamp_ns = now_ns
+
+    def shortfall_s(self, cost: int) -> float:
+        """Seconds until `cost` fits; 0 when it fits now."""
+        return max(0.0, (cost - self._level) / self._per_ns / 1e9)
+
+    def take(self, cost: int) -> None:
+        self._level -= cost
+
+    def headers(self) -> list[tuple[str, str]]:
+        return [
+            (f"x-ratelimit-limit-{self.resource}", str(self.limit)),
+            (f"x-ratelimit-remaining-{self.resource}", str(self.remaining)),
+            (f"x-ratelimit-reset-{self.resource}", _duration((self.limit - self._level) / self._per_ns / 1e9)),
+        ]
+
+
+class _RateLimits:
+    def __init__(self, config: EngineConfig) -> None:
+        now = time.perf_counter_ns()
+        limits = (
+            ("requests", "requests per min (RPM)", config.requests_per_minute),
+            ("tokens", "tokens per min (TPM)", config.tokens_per_minute),
+        )
+        self._buckets = [_Bucket(resource, label, limit, now) for resource, label, limit in limits if limit]
+
+    def admit(self, tokens: int, now_ns: int) -> tuple[_Bucket, int, float] | None:
+        """Charge a request of `tokens` tokens, or charge nothing and return (bucket, cost, seconds to wait)."""
+        costs = [(bucket, 1 if bucket.resource == "requests" else tokens) for bucket in self._buckets]
+        for bucket, cost in costs:
+            bucket.refill(now_ns)
+            wait_s = bucket.shortfall_s(cost)
+            if wait_s > 0:
+                return bucket, cost, wait_s
+        for bucket, cost in costs:
+            bucket.take(cost)
+        return None
+
+    def headers(self, now_ns: int) -> list[tuple[str, str]]:
+        for bucket in self._buckets:
+            bucket.refill(now_ns)
+        return [header for bucket in self._buckets for header in bucket.headers()]
+
+
+_SSE_HEADERS = [
+    ("content-type", "text/event-stream; charset=utf-8"),
+    ("transfer-encoding", "chunked"),
+    ("cache-control", "no-cache"),
+]
+
+
+def _parse_head(head: bytes) -> tuple[str, str, dict[str, str]]:
+    """Method, path without query, and lower-cased headers of an HTTP/1.1 request head."""
+    request_line, *lines = head.decode("latin-1").split("\r\n")
+    method, target, _version = request_line.split(" ")
+    headers = {}
+    for line in lines:
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    return method, target.partition("?")[0], headers
+
+
+def _response_head(status: int, headers: Iterable[tuple[str, str]]) -> bytes:
+    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", "server: otel-llm-simulator"]
+    lines.extend(f"{name}: {value}" for name, value in headers)
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+async def _send_json(
+    writer: asyncio.StreamWriter, status: int, payload: object, headers: list[tuple[str, str]], keep_alive: bool
+) -> None:
+    body = json.dumps(payload, separators=(",", ":")).encode()
+    framing = [("content-type", "application/json"), ("content-length", str(len(body)))]
+    if not keep_alive:
+        framing.append(("connection", "close"))
+    writer.write(_response_head(status, [*framing, *headers]) + body)
+    await writer.drain()
+
+
+def _frame(data: bytes) -> bytes:
+    """One chunk of a chunked HTTP body."""
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+def _error(message: str, kind: str, code: str | None = None, param: str | None = None) -> dict[str, object]:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def _completion(plan: _Plan) -> dict[str, object]:
+    content = "".join(text for text, _ in plan.tokens)
+    message: dict[str, object] = {"role": "assistant", "content": content, "refusal": None, "annotations": []}
+    return {
+        "id": plan.completion_id,
+        "object": "chat.completion",
+        "created": plan.created,
+        "model": plan.model,
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": plan.finish_reason}],
+        "usage": plan.usage(),
+        "service_tier": "default",
+        "system_fingerprint": _FINGERPRINT,
+    }
+
+
+def _message_chars(messages: list[Any]) -> int:
+    """Characters of text in chat messages: string contents and text parts."""
+    chars = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            chars += len(content)
+        elif isinstance(content, list):
+            chars += sum(len(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return chars
+
+
+def _duration(seconds: float) -> str:
+    """A duration the way OpenAI's x-ratelimit-reset-* headers spell it: 20ms, 1.5s, 6m0s."""
+    ms = math.ceil(seconds * 1000)
+    if ms < 1000:
+        return f"{ms}ms"
+    minutes, ms = divmod(ms, 60_000)
+    secs = f"{ms / 1000:.3f}".rstrip("0").rstrip(".")
+    return f"{minutes}m{secs}s" if minutes else f"{secs}s"

@@ -1,0 +1,150 @@
+"""The whole path with nothing faked but the LLM: the real openai client streams from the built-in simulator,
+otel_llm instruments it, the SDK's Prometheus exporter serves the metrics, the real ``prometheus`` scrapes them,
+and every dashboard query runs on what it stored. The dashboard's p99 TTFT agrees with the exact p99 of the raw
+per-request TTFTs within the 10% that DESIGN.md sets for the buckets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import prom
+import pytest
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import CollectorRegistry
+from test_dashboards import VARIABLES, _substitute
+
+import otel_llm
+from otel_llm import _semconv as sc
+from otel_llm._dashboards import render_dashboards
+from otel_llm.simulator import DEFAULT_MODEL, EngineConfig, Simulator, percentile
+
+STREAMS = 1000
+# a smooth, wide TTFT distribution: prompts from ~100 to ~40k characters, queueing beyond 24 slots, no rate limits
+ENGINE = EngineConfig(capacity=24, prefill_base_s=0.01, prefill_per_token_s=0.00005, tpot_base_s=0.002,
+                      output_tokens_median=4, tail_probability=0.0, requests_per_minute=None, tokens_per_minute=None)
+
+
+async def traffic(base_url: str, seed: int) -> None:
+    rng = random.Random(seed)
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="sim", max_retries=0)
+    queue = list(range(STREAMS))
+
+    async def worker() -> None:
+        while queue:
+            index = queue.pop()
+            prompt = "x" * int(min(40_000, rng.lognormvariate(8.0, 1.0)))
+            messages = [{"role": "user", "content": prompt}]
+            if index % 50 == 0:  # some plain calls and some streams the caller abandons early
+                await client.chat.completions.create(model=DEFAULT_MODEL, messages=messages, max_tokens=3)
+                continue
+            stream = await client.chat.completions.create(model=DEFAULT_MODEL, messages=messages, stream=True,
+                                                          max_tokens=5 + index % 4)
+            async for chunk in stream:
+                if index % 97 == 0 and chunk.choices and chunk.choices[0].delta.content:
+                    break
+            await stream.close()
+
+    async with client:
+        await asyncio.gather(*(worker() for _ in range(32)))
+
+
+@pytest.fixture(scope="module")
+def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[prom.Prometheus, list[ReadableSpan]]]:
+    registry = CollectorRegistry()
+    meter_provider = MeterProvider(metric_readers=[PrometheusMetricReader(registry=registry)],
+                                   resource=Resource.create({"service.name": "checkout"}))
+    spans = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+    exposition = prom.Exposition(registry)
+    otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
+    ttft_count = f"{sc.prometheus_name(sc.STABLE_NAMES.time_to_first_chunk)}_count"
+    limited_count = (f"{sc.prometheus_name(sc.STABLE_NAMES.duration)}_count"
+                     f'{{{sc.prometheus_name(sc.ERROR_TYPE)}="RateLimitError"}}')
+    try:
+        with Simulator(ENGINE, seed=7) as simulator, Simulator(EngineConfig(requests_per_minute=1)) as strict, \
+                prom.running(prom.scrape_config({"checkout": exposition.target}),
+                             tmp_path_factory.mktemp("prometheus")) as server:
+            # a stream and a 429 before the main traffic, so that their series exist at a scrape before rates start
+            asyncio.run(warm_up(simulator.base_url))
+            refused = asyncio.run(rate_limited(strict.base_url, 2))
+            server.wait_for(f"{ttft_count} == 1 and on() sum({limited_count}) == {refused}", timeout=30)
+            spans.clear()
+            asyncio.run(traffic(simulator.base_url, seed=11))
+            refused += asyncio.run(rate_limited(strict.base_url, 4))
+            finished = len([s for s in spans.get_finished_spans()
+                            if s.attributes and s.attributes.get(sc.RESPONSE_TIME_TO_FIRST_CHUNK) is not None])
+            server.wait_for(f"sum({ttft_count}) == {finished + 1} and on() sum({limited_count}) == {refused}",
+                            timeout=30)
+            yield server, list(spans.get_finished_spans())
+    finally:
+        otel_llm.uninstrument()
+        exposition.close()
+        meter_provider.shutdown()
+
+
+async def rate_limited(base_url: str, calls: int) -> int:
+    """More requests than a strict simulator admits: 429s with OpenAI's headers, and the headroom they report."""
+    refused = 0
+    async with openai.AsyncOpenAI(base_url=base_url, api_key="sim", max_retries=0) as client:
+        for _ in range(calls):
+            try:
+                await client.chat.completions.create(model=DEFAULT_MODEL, max_tokens=2,
+                                                     messages=[{"role": "user", "content": "hi"}])
+            except openai.RateLimitError:
+                refused += 1
+    return refused
+
+
+async def warm_up(base_url: str) -> None:
+    async with openai.AsyncOpenAI(base_url=base_url, api_key="sim", max_retries=0) as client:
+        stream = await client.chat.completions.create(model=DEFAULT_MODEL, stream=True, max_tokens=2,
+                                                      messages=[{"role": "user", "content": "hi"}])
+        async for _ in stream:
+            pass
+
+
+def dashboard_targets() -> dict[str, dict[str, Any]]:
+    """'panel title / legend' -> target, over the bundled dashboard."""
+    (text,) = render_dashboards().values()
+    found = {}
+    for panel in json.loads(text)["panels"]:
+        for target in panel.get("targets", []):
+            found[f"{panel['title']} / {target.get('legendFormat', target['refId'])}"] = target
+    return found
+
+
+def test_dashboard_p99_ttft_matches_the_raw_samples(scraped: tuple[prom.Prometheus, list[ReadableSpan]]) -> None:
+    server, spans = scraped
+    ttfts = [s.attributes[sc.RESPONSE_TIME_TO_FIRST_CHUNK] for s in spans  # type: ignore[index]
+             if s.attributes and sc.RESPONSE_TIME_TO_FIRST_CHUNK in s.attributes]
+    assert len(ttfts) > 900
+    exact = percentile(ttfts, 99)
+    target = next(t for key, t in dashboard_targets().items() if key.startswith("TTFT p50 / p95 / p99 by model / p99"))
+    (sample,) = server.query(_substitute(target["expr"]).replace(VARIABLES["$__rate_interval"], "10m"))
+    assert sample["metric"][sc.prometheus_name(sc.REQUEST_MODEL)] == DEFAULT_MODEL
+    from_dashboard = float(sample["value"][1])
+    assert from_dashboard == pytest.approx(exact, rel=0.10), (from_dashboard, exact)
+
+
+def test_every_dashboard_query_returns_data_from_instrumented_traffic(
+        scraped: tuple[prom.Prometheus, list[ReadableSpan]]) -> None:
+    server, _ = scraped
+    empty = []
+    for where, target in dashboard_targets().items():
+        expr = target["expr"]
+        if " offset " in expr or expr.startswith("ALERTS"):
+            continue  # yesterday has no data on a fresh server, and no alert fires
+        if not server.query(_substitute(expr).replace(VARIABLES["$__rate_interval"], "10m")):
+            empty.append(where)
+    assert not empty
