@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from otel_llm._settings import Settings
 
 _NS = 1e9
+_NO_EXEMPLAR = otel_context.Context()
 
 
 class Telemetry:
@@ -217,9 +218,12 @@ class Telemetry:
             self._ttfc.record((op.first_content_ns - op.start_ns) / _NS, timing, context=ctx)
         gaps = op.gaps_ns
         if gaps:
-            record_gap = self._chunk_gap.record
+            # the largest gap links to the trace; the others skip the exemplar reservoir (an empty context)
+            record_gap, longest = self._chunk_gap.record, max(gaps)
             for gap in gaps:
-                record_gap(gap / _NS, attributes, context=ctx)
+                record_gap(gap / _NS, attributes, context=ctx if gap == longest else _NO_EXEMPLAR)
+                if gap == longest:
+                    longest = -1
         tpot = _time_per_output_token(op)
         if tpot is not None:
             self._tpot.record(tpot, attributes, context=ctx)
