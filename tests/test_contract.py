@@ -110,7 +110,7 @@ def test_unsampled_tracer_still_records_metrics(instrument: Instrument) -> None:
 
 
 def test_metric_points_link_to_their_trace(otel: Captured) -> None:
-    client, _ = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
+    client, _ = sync_client(openai_server(tokens=["a", "b", "c", "d"], usage=USAGE, delays=[0, 0, 0.001, 0.02, 0.001]))
     list(client.chat.completions.create(model="m", messages=MESSAGES, stream=True))
     span = otel.span()
     metrics = otel.metrics()  # one collection: the SDK hands out each exemplar once
@@ -119,6 +119,9 @@ def test_metric_points_link_to_their_trace(otel: Captured) -> None:
         exemplars = point.exemplars
         assert [e.trace_id for e in exemplars] == [span.context.trace_id]
         assert exemplars[0].span_id == span.context.span_id
+    # of a stream's chunk gaps, the longest one links to the trace
+    (gaps,) = metrics[sc.STABLE_NAMES.time_per_output_chunk.name]
+    assert [e.value for e in gaps.exemplars] == [attributes(span)[sc.MAX_CHUNK_GAP]]
 
 
 def test_span_is_current_only_while_the_sdk_call_runs(otel: Captured) -> None:
