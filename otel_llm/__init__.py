@@ -16,7 +16,7 @@ Without providers of its own, the application gets OTLP export configured from t
 - ``OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental``: the newer GenAI metric names.
 - ``OTEL_LLM_STREAM_USAGE`` (default ``true``): ask for usage on streamed chat/completions and hide that extra chunk
   from the caller, so output tokens and TPOT are known.
-- ``OTEL_LLM_CHUNK_GAP_SAMPLE_RATE`` (default ``0.25``): share of streams whose chunk gaps are all recorded.
+- ``OTEL_LLM_CHUNK_GAP_SAMPLE_RATE`` (default ``1``): share of streams whose chunk gaps are all recorded.
 """
 
 from __future__ import annotations

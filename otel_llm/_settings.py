@@ -43,7 +43,7 @@ class Settings:
     # ask OpenAI-style servers for usage on streams (stream_options.include_usage) and hide that extra chunk
     stream_usage: bool = True
     # share of streams whose every chunk gap goes into the per-chunk histogram (see README, "Overhead")
-    chunk_gap_sample_rate: float = 0.25
+    chunk_gap_sample_rate: float = 1.0
     metric_names: _semconv.MetricNames = _semconv.STABLE_NAMES
 
 

@@ -18,12 +18,13 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from otel_llm import _semconv as sc
 from otel_llm._operation import Operation, Request
+from otel_llm._recording import SeriesRecorder
 from otel_llm._safety import report_failure
 
 if TYPE_CHECKING:
     from opentelemetry._logs import Logger
     from opentelemetry.metrics import Meter
-    from opentelemetry.trace import Tracer
+    from opentelemetry.trace import Span, Tracer
 
     from otel_llm._settings import Settings
 
@@ -42,10 +43,10 @@ class Telemetry:
         def histogram(instrument: sc.Instrument | None) -> Any:
             if instrument is None:
                 return None
-            return meter.create_histogram(
+            return SeriesRecorder(meter.create_histogram(
                 instrument.name, unit=instrument.unit, description=instrument.description,
                 explicit_bucket_boundaries_advisory=list(instrument.buckets),
-            )
+            ))
 
         def counter(instrument: sc.Instrument | None) -> Any:
             if instrument is None:
@@ -101,6 +102,11 @@ class Telemetry:
 
     def deactivate(self, token: object) -> None:
         otel_context.detach(token)  # type: ignore[arg-type]
+
+    def stand_in(self, op: Operation) -> Span:
+        """A span that records nothing and carries the operation's span context, for a client that would otherwise
+        open a second span for the same call (see ``_calls.span_stand_in``)."""
+        return trace.NonRecordingSpan(op.span.get_span_context())
 
     def finish(self, op: Operation, error: BaseException | str | None = None, end_ns: int | None = None) -> None:
         """End the operation exactly once: ERROR status and error.type are set before the span ends."""
