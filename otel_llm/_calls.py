@@ -6,7 +6,7 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING, Any, Protocol
 
 from otel_llm._safety import report_failure
@@ -64,17 +64,14 @@ def sync_call(endpoint: Endpoint) -> Callable[[Telemetry], Wrapper]:
             if started is None:
                 return wrapped(*args, **kwargs)
             op, call_kwargs = started
-            token = telemetry.activate(op)
-            current = _current.set(op)
-            op.start_ns = op.last_activity_ns = time.perf_counter_ns()
+            entered = _enter(telemetry, op)
             try:
                 result = wrapped(*args, **call_kwargs)
             except BaseException as exc:
                 _failed(telemetry, endpoint, op, exc)
                 raise
             finally:
-                _current.reset(current)
-                telemetry.deactivate(token)
+                _leave(telemetry, entered)
             return _adopt(telemetry, endpoint, op, result)
 
         return wrapper
@@ -91,17 +88,14 @@ def async_call(endpoint: Endpoint) -> Callable[[Telemetry], Wrapper]:
                 if started is None:
                     return await wrapped(*args, **kwargs)
                 op, call_kwargs = started
-                token = telemetry.activate(op)
-                current = _current.set(op)
-                op.start_ns = op.last_activity_ns = time.perf_counter_ns()
+                entered = _enter(telemetry, op)
                 try:
                     result = await wrapped(*args, **call_kwargs)
                 except BaseException as exc:
                     _failed(telemetry, endpoint, op, exc)
                     raise
                 finally:
-                    _current.reset(current)
-                    telemetry.deactivate(token)
+                    _leave(telemetry, entered)
                 return _adopt(telemetry, endpoint, op, result)
 
             return run()
@@ -148,6 +142,27 @@ def after(action: Callable[[Any], None]) -> Callable[[Telemetry], Wrapper]:
     return make
 
 
+def span_stand_in() -> Callable[[Telemetry], Wrapper]:
+    """Wraps a client's own "start the span of this API call" function: while one of our operations runs in this
+    context, the client gets a stand-in for our span (``Telemetry.stand_in``) instead of a span of its own. So the
+    operation keeps one span, ours, and what the client does with its span (trace-context headers, making it current)
+    points at ours."""
+
+    def make(telemetry: Telemetry) -> Wrapper:
+        def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            op = _current.get()
+            if op is not None:
+                try:
+                    return telemetry.stand_in(op)
+                except Exception:
+                    report_failure("span stand-in")
+            return wrapped(*args, **kwargs)
+
+        return wrapper
+
+    return make
+
+
 def _begin(telemetry: Telemetry, endpoint: Endpoint, instance: Any,
            kwargs: dict[str, Any]) -> tuple[Operation, dict[str, Any]] | None:
     try:
@@ -156,6 +171,18 @@ def _begin(telemetry: Telemetry, endpoint: Endpoint, instance: Any,
     except Exception:
         report_failure("request")
         return None
+
+
+def _enter(telemetry: Telemetry, op: Operation) -> tuple[object, Token[Operation | None]]:
+    """Make the operation current for the SDK call, then start its clock: the last thing before the request."""
+    entered = telemetry.activate(op), _current.set(op)
+    op.start_ns = op.last_activity_ns = time.perf_counter_ns()
+    return entered
+
+
+def _leave(telemetry: Telemetry, entered: tuple[object, Token[Operation | None]]) -> None:
+    _current.reset(entered[1])
+    telemetry.deactivate(entered[0])
 
 
 def _failed(telemetry: Telemetry, endpoint: Endpoint, op: Operation, exc: BaseException) -> None:

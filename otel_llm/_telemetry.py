@@ -76,13 +76,7 @@ class Telemetry:
 
     def begin(self, request: Request) -> Operation:
         """Open the span; the clock starts last, just before the caller issues the request."""
-        attributes: dict[str, Any] = {sc.OPERATION_NAME: request.operation, sc.PROVIDER_NAME: request.provider}
-        if request.model is not None:
-            attributes[sc.REQUEST_MODEL] = request.model
-        if request.server_address is not None:
-            attributes[sc.SERVER_ADDRESS] = request.server_address
-        if request.server_port is not None:
-            attributes[sc.SERVER_PORT] = request.server_port
+        attributes = _identity(request)
         attributes[sc.REQUEST_STREAM] = request.stream
         if request.prompt_chars is not None:
             attributes[sc.PROMPT_LENGTH] = request.prompt_chars
@@ -182,10 +176,7 @@ class Telemetry:
 
     def _emit_event(self, op: Operation, logger: Logger) -> None:
         """Content as a log event beside the span (opt-in): sized for a log pipeline, not span attributes."""
-        request = op.request
-        attributes: dict[str, Any] = {sc.OPERATION_NAME: request.operation, sc.PROVIDER_NAME: request.provider}
-        if request.model is not None:
-            attributes[sc.REQUEST_MODEL] = request.model
+        attributes = _identity(op.request)
         if op.response_id is not None:
             attributes[sc.RESPONSE_ID] = op.response_id
         attributes.update(_content_attributes(op))
@@ -195,13 +186,7 @@ class Telemetry:
 
     def _record_metrics(self, op: Operation) -> None:
         request = op.request
-        attributes: dict[str, Any] = {sc.OPERATION_NAME: request.operation, sc.PROVIDER_NAME: request.provider}
-        if request.model is not None:
-            attributes[sc.REQUEST_MODEL] = request.model
-        if request.server_address is not None:
-            attributes[sc.SERVER_ADDRESS] = request.server_address
-        if request.server_port is not None:
-            attributes[sc.SERVER_PORT] = request.server_port
+        attributes = _identity(request)
         # rate-limit gauges describe the endpoint and model, not one call's outcome
         for resource, (remaining, limit) in op.rate_limits.items():
             key = frozenset((*attributes.items(), (sc.RATE_LIMIT_RESOURCE, resource)))
@@ -253,6 +238,18 @@ def _observe_latest(latest: dict[frozenset[tuple[str, Any]], float]) -> Callable
         return [Observation(value, dict(key)) for key, value in list(latest.items())]
 
     return observe
+
+
+def _identity(request: Request) -> dict[str, Any]:
+    """What names the operation on every span and metric point: operation, provider, model, server."""
+    attributes: dict[str, Any] = {sc.OPERATION_NAME: request.operation, sc.PROVIDER_NAME: request.provider}
+    if request.model is not None:
+        attributes[sc.REQUEST_MODEL] = request.model
+    if request.server_address is not None:
+        attributes[sc.SERVER_ADDRESS] = request.server_address
+    if request.server_port is not None:
+        attributes[sc.SERVER_PORT] = request.server_port
+    return attributes
 
 
 def _time_per_output_token(op: Operation) -> float | None:

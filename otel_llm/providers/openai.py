@@ -181,6 +181,22 @@ def _read_chat_usage(op: Operation, usage: Any) -> None:
         op.reasoning_tokens = details.reasoning_tokens
 
 
+def _usage_chunk(op: Operation, chunk: Any) -> int:
+    """A chunk without choices: the usage chunk at the end of a stream (hidden when we asked for it), or nothing."""
+    usage = chunk.usage
+    if usage is None:
+        return OTHER
+    _read_chat_usage(op, usage)
+    return HIDDEN if op.hide_usage_chunk else OTHER
+
+
+def _finished(op: Operation, chunk: Any, reason: str) -> None:
+    op.finish_reasons.append(reason)
+    # some compatible servers put usage on the finishing chunk instead of a chunk of its own
+    if chunk.usage is not None:
+        _read_chat_usage(op, chunk.usage)
+
+
 def _read_responses_usage(op: Operation, response: Any) -> None:
     op.response_id = response.id
     op.response_model = response.model
@@ -280,14 +296,9 @@ class _ChatCompletions(_Endpoint):
     def observe(self, op: Operation, chunk: Any) -> int:
         choices = chunk.choices
         if not choices:
-            usage = chunk.usage
-            if usage is None:
-                return OTHER
-            _read_chat_usage(op, usage)
-            return HIDDEN if op.hide_usage_chunk else OTHER
+            return _usage_chunk(op, chunk)
         if op.response_id is None:
-            op.response_id = chunk.id
-            op.response_model = chunk.model
+            op.response_id, op.response_model = chunk.id, chunk.model
         kind = OTHER
         for choice in choices:
             delta = choice.delta
@@ -299,10 +310,7 @@ class _ChatCompletions(_Endpoint):
                                         or delta.model_extra.get("reasoning")):
                 kind = CONTENT  # reasoning deltas of OpenAI-compatible servers (vLLM, DeepSeek, ...)
             if choice.finish_reason:
-                op.finish_reasons.append(choice.finish_reason)
-                # some compatible servers put usage on the finishing chunk instead of a chunk of its own
-                if chunk.usage is not None:
-                    _read_chat_usage(op, chunk.usage)
+                _finished(op, chunk, choice.finish_reason)
         return kind
 
 
@@ -343,14 +351,9 @@ class _Completions(_Endpoint):
     def observe(self, op: Operation, chunk: Any) -> int:
         choices = chunk.choices
         if not choices:
-            usage = chunk.usage
-            if usage is None:
-                return OTHER
-            _read_chat_usage(op, usage)
-            return HIDDEN if op.hide_usage_chunk else OTHER
+            return _usage_chunk(op, chunk)
         if op.response_id is None:
-            op.response_id = chunk.id
-            op.response_model = chunk.model
+            op.response_id, op.response_model = chunk.id, chunk.model
         kind = OTHER
         for choice in choices:
             if choice.text:
@@ -358,9 +361,7 @@ class _Completions(_Endpoint):
                 if op.output_text is not None:
                     op.output_text.append(choice.text)
             if choice.finish_reason:
-                op.finish_reasons.append(choice.finish_reason)
-                if chunk.usage is not None:
-                    _read_chat_usage(op, chunk.usage)
+                _finished(op, chunk, choice.finish_reason)
         return kind
 
 
