@@ -43,7 +43,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
 
 import otel_llm
-from otel_llm._calls import hook, sync_call
+from otel_llm._calls import sync_call
 from otel_llm._settings import load_settings
 from otel_llm._stream import StreamProxy
 from otel_llm._telemetry import Telemetry
@@ -275,7 +275,7 @@ def plain_call_ns(telemetry: Telemetry, repeat: int) -> float:
     headers = httpx2.Headers(wire.openai_ratelimit_headers(500, 499, 9000, 8000))
     resource = client.chat.completions
     wrapper = sync_call(openai_adapter._CHAT)(telemetry)
-    hook_wrapper = hook(openai_adapter._response_arrived)(telemetry)
+    hook_wrapper = openai_adapter._HEADERS.base_client_targets("openai")[0].make(telemetry)
 
     def sdk_call(**kwargs: Any) -> Any:
         # what the SDK does between our create() wrapper and the response: our header hook runs in between

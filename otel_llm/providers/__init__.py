@@ -6,4 +6,5 @@ from __future__ import annotations
 # module name under otel_llm.providers -> the top-level package of the client it instruments
 ADAPTERS: dict[str, str] = {
     "openai": "openai",
+    "anthropic": "anthropic",
 }

@@ -7,8 +7,6 @@ Covers chat completions (``create``, ``parse``, the ``stream()`` helper), the Re
 
 from __future__ import annotations
 
-import contextlib
-import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -17,10 +15,11 @@ from openai import APIResponse, AsyncAPIResponse, AsyncStream, Stream
 from openai._legacy_response import LegacyAPIResponse
 
 from otel_llm import _semconv as sc
-from otel_llm._calls import Kind, after, async_call, hook, sync_call
+from otel_llm._calls import Kind, after, async_call, sync_call
 from otel_llm._operation import Request
 from otel_llm._patching import Provider, Target
 from otel_llm._stream import CONTENT, HIDDEN, OTHER, closed_by_helper
+from otel_llm.providers._stainless import ResponseHeaders
 
 if TYPE_CHECKING:
     from otel_llm._operation import Operation
@@ -34,15 +33,10 @@ _KNOWN_HOSTS: Mapping[str, str] = {
     "api.perplexity.ai": sc.PROVIDER_PERPLEXITY,
 }
 
-_RATE_LIMIT_HEADERS: tuple[tuple[str, str, str], ...] = (
+_HEADERS = ResponseHeaders((
     (sc.RATE_LIMIT_REQUESTS, "x-ratelimit-remaining-requests", "x-ratelimit-limit-requests"),
     (sc.RATE_LIMIT_TOKENS, "x-ratelimit-remaining-tokens", "x-ratelimit-limit-tokens"),
-)
-
-_HEADERS: Mapping[bytes, str] = {
-    name.encode(): name
-    for name in ("retry-after", "retry-after-ms", *(key for _, *keys in _RATE_LIMIT_HEADERS for key in keys))
-}
+))
 
 # Responses API stream events that carry output: the first of them is the first token
 _RESPONSES_CONTENT_EVENTS = frozenset({
@@ -59,8 +53,6 @@ _RESPONSES_CONTENT_EVENTS = frozenset({
 })
 _RESPONSES_FINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
-_clock = time.perf_counter_ns
-
 
 # --- request side ----------------------------------------------------------------------------------------------
 
@@ -76,7 +68,7 @@ def _provider_and_server(resource: Any) -> tuple[str, str | None, int | None]:
     if "Azure" in client_type or (host is not None and host.endswith(".openai.azure.com")):
         provider = sc.PROVIDER_AZURE_OPENAI
     elif "Bedrock" in client_type:
-        provider = "aws.bedrock"
+        provider = sc.PROVIDER_AWS_BEDROCK
     else:
         provider = _KNOWN_HOSTS.get(host or "", sc.PROVIDER_OPENAI)
     return provider, host, port
@@ -144,30 +136,6 @@ def _request_parameters(kwargs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # --- response side ---------------------------------------------------------------------------------------------
-
-
-def _read_headers(op: Operation, headers: Any) -> None:
-    """Rate-limit headroom and retry-after, in one pass over the raw headers (a lookup per name costs more)."""
-    raw = getattr(headers, "raw", None)
-    if raw is None:
-        return
-    found: dict[str, float] = {}
-    for key, value in raw:
-        name = _HEADERS.get(key.lower())
-        if name is not None:
-            # an HTTP date in retry-after is not a duration we can use without guessing at clocks
-            with contextlib.suppress(ValueError):
-                found[name] = float(value)
-    if not found:
-        return
-    for resource, remaining_key, limit_key in _RATE_LIMIT_HEADERS:
-        remaining, limit = found.get(remaining_key), found.get(limit_key)
-        if remaining is not None or limit is not None:
-            op.rate_limits[resource] = (remaining, limit)
-    if "retry-after-ms" in found:
-        op.retry_after = found["retry-after-ms"] / 1000
-    elif "retry-after" in found:
-        op.retry_after = found["retry-after"]
 
 
 def _read_chat_usage(op: Operation, usage: Any) -> None:
@@ -274,7 +242,7 @@ class _Endpoint:
 
     def read_error(self, op: Operation, error: BaseException) -> None:
         if isinstance(error, openai.APIStatusError):
-            _read_headers(op, error.response.headers)
+            _HEADERS.read(op, error.response.headers)
 
     def observe(self, op: Operation, chunk: Any) -> int:
         raise NotImplementedError
@@ -385,19 +353,6 @@ class _Embeddings(_Endpoint):
         return OTHER
 
 
-def _response_arrived(op: Operation, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    op.headers_ns = op.last_activity_ns = _clock()
-    response = kwargs.get("response")
-    _read_headers(op, getattr(response, "headers", None))
-
-
-def _retrying(op: Operation, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    op.retries += 1
-    response = kwargs.get("response")
-    if response is not None:
-        _read_headers(op, response.headers)
-
-
 def _helper_closed(helper_stream: Any) -> None:
     closed_by_helper(getattr(helper_stream, "_raw_stream", None))
 
@@ -425,10 +380,7 @@ PROVIDER = Provider(
         Target("openai.resources.embeddings", "Embeddings.create", sync_call(_EMBEDDINGS)),
         Target("openai.resources.embeddings", "AsyncEmbeddings.create", async_call(_EMBEDDINGS)),
         # headers, retries: deeper in the client, on behalf of the operation running in this context
-        Target("openai._base_client", "SyncAPIClient._process_response", hook(_response_arrived)),
-        Target("openai._base_client", "AsyncAPIClient._process_response", hook(_response_arrived)),
-        Target("openai._base_client", "SyncAPIClient._sleep_for_retry", hook(_retrying)),
-        Target("openai._base_client", "AsyncAPIClient._sleep_for_retry", hook(_retrying)),
+        *_HEADERS.base_client_targets("openai"),
         # the stream() helpers close the HTTP response themselves, not the stream we handed them
         Target("openai.lib.streaming.chat._completions", "ChatCompletionStream.close", after(_helper_closed)),
         Target("openai.lib.streaming.chat._completions", "AsyncChatCompletionStream.close", after(_helper_closed)),

@@ -1,0 +1,66 @@
+"""What the Stainless-generated clients (openai, anthropic) share: their base client hands every HTTP response to
+``_process_response`` and every retry to ``_sleep_for_retry``, where response headers (rate-limit headroom,
+retry-after) and retries are seen on behalf of the operation running in this context."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from otel_llm._calls import hook
+from otel_llm._patching import Target
+
+if TYPE_CHECKING:
+    from otel_llm._operation import Operation
+
+
+class ResponseHeaders:
+    """Reads one client's rate-limit headers: ``(resource, remaining header, limit header)`` per resource."""
+
+    def __init__(self, rate_limits: Sequence[tuple[str, str, str]]) -> None:
+        self._rate_limits = tuple(rate_limits)
+        names = ("retry-after", "retry-after-ms", *(name for _, *pair in rate_limits for name in pair))
+        self._wanted = {name.encode(): name for name in names}
+
+    def read(self, op: Operation, headers: Any) -> None:
+        """Rate-limit headroom and retry-after, in one pass over the raw headers (a lookup per name costs more)."""
+        found: dict[str, float] = {}
+        for key, value in getattr(headers, "raw", ()):
+            name = self._wanted.get(key.lower())
+            if name is not None:
+                # an HTTP date in retry-after is not a duration we can use without guessing at clocks
+                with contextlib.suppress(ValueError):
+                    found[name] = float(value)
+        if not found:
+            return
+        for resource, remaining_key, limit_key in self._rate_limits:
+            remaining, limit = found.get(remaining_key), found.get(limit_key)
+            if remaining is not None or limit is not None:
+                op.rate_limits[resource] = (remaining, limit)
+        if "retry-after-ms" in found:
+            op.retry_after = found["retry-after-ms"] / 1000
+        elif "retry-after" in found:
+            op.retry_after = found["retry-after"]
+
+    def base_client_targets(self, package: str) -> tuple[Target, ...]:
+        """Hooks on ``{package}._base_client``: headers when a response arrives, and each retry."""
+        module = f"{package}._base_client"
+        return tuple(
+            Target(module, f"{client}.{method}", hook(observe))
+            for client in ("SyncAPIClient", "AsyncAPIClient")
+            for method, observe in (("_process_response", self._response_arrived), ("_sleep_for_retry", self._retrying))
+        )
+
+    def _response_arrived(self, op: Operation, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        op.headers_ns = op.last_activity_ns = time.perf_counter_ns()
+        response = kwargs.get("response")
+        if response is not None:
+            self.read(op, response.headers)
+
+    def _retrying(self, op: Operation, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        op.retries += 1
+        response = kwargs.get("response")
+        if response is not None:
+            self.read(op, response.headers)

@@ -1,0 +1,257 @@
+"""The anthropic client: what its calls, responses, stream events and headers mean, as plain values. No spans, no
+meters.
+
+Covers ``messages.create`` (streamed and not), ``messages.parse`` and the ``messages.stream()`` helper, sync and
+async, including ``with_raw_response`` and ``with_streaming_response``, for ``Anthropic`` and the platform clients
+that share its ``Messages`` resource (``AnthropicBedrock`` -> ``aws.bedrock``, ``AnthropicVertex`` ->
+``gcp.vertex_ai``). The first token is the first non-empty text, tool-input or thinking delta, never
+``message_start``. Input tokens include cache reads and writes, which are reported on their own too. Headroom comes
+from the ``anthropic-ratelimit-*`` headers.
+
+The stream() helper sends its request only when its manager is entered, through a partial (or coroutine) of the
+client's ``post``, not through ``create``: its deferred request is routed through our wrapper instead. The helper's
+own close path (``MessageStream.close`` -> ``Stream.close``) and its iteration go through the raw stream it holds,
+which is then our proxy, so ``text_stream``, ``get_final_message()`` and early exits need nothing more.
+
+The SDK's own span. anthropic 2.x opens a CLIENT span ``anthropic.messages.create`` (scope
+``com.anthropic.sdk.python``) for every API call, on the global tracer provider unless told otherwise
+(``open_telemetry`` client option, ``ANTHROPIC_OPEN_TELEMETRY*`` variables), ends it when the body has been read,
+closed or dropped, and sends its trace context as ``traceparent`` with each attempt. Beside ours that would be two
+GenAI spans per operation. While one of our operations runs, the SDK's ``start_api_call_span`` gets a stand-in for
+our span instead (``_calls.span_stand_in``): a non-recording span with our span's context. So there is one span,
+ours, with our attributes and linked to our metrics; the SDK still propagates the trace context, now naming our
+span; and it does no span work of its own (it skips that for a non-recording span). Attributes only the SDK records
+(``anthropic.request.id``, ``url.*``, ``http.*``) are not on our span, and the SDK's content mode does not apply
+(ours is ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``). A client whose spans are off
+(``open_telemetry=False``) is left as it is: no span and no propagation. Calls we do not instrument (count_tokens,
+batches, beta, ...) keep the SDK's span.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import anthropic
+from anthropic import AsyncStream, Stream
+from anthropic._response import APIResponse, AsyncAPIResponse
+from pydantic_core import to_jsonable_python
+
+from otel_llm import _semconv as sc
+from otel_llm._calls import Kind, Wrapper, async_call, span_stand_in, sync_call
+from otel_llm._operation import Request
+from otel_llm._patching import Provider, Target
+from otel_llm._safety import report_failure
+from otel_llm._stream import CONTENT, OTHER
+from otel_llm.providers._stainless import ResponseHeaders
+
+if TYPE_CHECKING:
+    from otel_llm._operation import Operation
+    from otel_llm._settings import Settings
+    from otel_llm._telemetry import Telemetry
+
+# what the SDK's clients call themselves (``_gen_ai_provider_name``); anything else counts as Anthropic's own API
+_PROVIDERS = frozenset({sc.PROVIDER_ANTHROPIC, sc.PROVIDER_AWS_BEDROCK, sc.PROVIDER_GCP_VERTEX_AI})
+
+_HEADERS = ResponseHeaders(tuple(
+    (resource, f"anthropic-ratelimit-{name}-remaining", f"anthropic-ratelimit-{name}-limit")
+    for resource, name in (
+        (sc.RATE_LIMIT_REQUESTS, "requests"),
+        (sc.RATE_LIMIT_TOKENS, "tokens"),
+        (sc.RATE_LIMIT_INPUT_TOKENS, "input-tokens"),
+        (sc.RATE_LIMIT_OUTPUT_TOKENS, "output-tokens"),
+    )
+))
+
+
+# --- request side ----------------------------------------------------------------------------------------------
+
+
+def _text_chars(value: object) -> int:
+    """Characters of text in ``system`` and ``messages``: strings, text and tool-result blocks, and the content
+    blocks of an earlier response passed back as they are."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, Mapping):
+        return sum(_text_chars(value[key]) for key in ("content", "text") if key in value)
+    if isinstance(value, (list, tuple)):
+        return sum(_text_chars(item) for item in value)
+    text = getattr(value, "text", None)
+    if isinstance(text, str):
+        return len(text)
+    content = getattr(value, "content", None)
+    return _text_chars(content) if content is not None else 0
+
+
+def _describe(instance: Any, kwargs: Mapping[str, Any], settings: Settings, *, stream: bool) -> Request:
+    client = instance._client
+    url = client.base_url
+    name = getattr(client, "_gen_ai_provider_name", None)
+    model = kwargs.get("model")
+    # a generator of messages would be used up by counting: only lists and tuples are read
+    prompt = [kwargs[key] for key in ("system", "messages") if isinstance(kwargs.get(key), (str, list, tuple))]
+    attributes: dict[str, Any] = {}
+    max_tokens = kwargs.get("max_tokens")
+    if isinstance(max_tokens, int) and not isinstance(max_tokens, bool):
+        attributes[sc.REQUEST_MAX_TOKENS] = max_tokens
+    stop = kwargs.get("stop_sequences")
+    if isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop):
+        attributes[sc.REQUEST_STOP_SEQUENCES] = list(stop)
+    return Request(
+        operation=sc.OP_CHAT,
+        provider=name if name in _PROVIDERS else sc.PROVIDER_ANTHROPIC,
+        model=model if isinstance(model, str) else None,
+        server_address=url.host or None,
+        server_port=url.port or (443 if url.scheme == "https" else 80),
+        stream=stream,
+        prompt_chars=_text_chars(prompt) if prompt else None,
+        attributes=attributes,
+        input_messages=to_jsonable_python(prompt, fallback=str) if settings.capture_content.enabled and prompt
+        else None,
+    )
+
+
+# --- response side ---------------------------------------------------------------------------------------------
+
+
+def _read_usage(op: Operation, usage: Any, *, final: bool) -> None:
+    """Anthropic counts input without the cache; the conventions count it in and report the cache parts too.
+    A ``message_delta`` may repeat the input counts (cumulative) or leave them out; ``message_start`` has only a
+    placeholder for output, so output is read from final usage only."""
+    if usage.cache_read_input_tokens is not None:
+        op.cache_read_tokens = usage.cache_read_input_tokens
+    if usage.cache_creation_input_tokens is not None:
+        op.cache_creation_tokens = usage.cache_creation_input_tokens
+    if usage.input_tokens is not None:
+        op.input_tokens = usage.input_tokens + (op.cache_read_tokens or 0) + (op.cache_creation_tokens or 0)
+    if final:
+        op.output_tokens = usage.output_tokens
+        details = usage.output_tokens_details
+        if details is not None:
+            op.reasoning_tokens = details.thinking_tokens
+
+
+class _Messages:
+    """``messages.create`` and ``messages.parse``: the request is in the keyword arguments."""
+
+    def describe(self, instance: Any, kwargs: dict[str, Any], settings: Settings) -> Request:
+        return _describe(instance, kwargs, settings, stream=kwargs.get("stream") is True)
+
+    def prepare(self, op: Operation, kwargs: dict[str, Any], settings: Settings) -> dict[str, Any]:
+        if settings.capture_content.enabled:
+            op.output_text = []
+        return kwargs
+
+    def kind(self, op: Operation, result: Any) -> Kind:
+        if isinstance(result, Stream):
+            return Kind.STREAM
+        if isinstance(result, AsyncStream):
+            return Kind.ASYNC_STREAM
+        if isinstance(result, (APIResponse, AsyncAPIResponse)):
+            # with_raw_response has read a plain body before it returns; with_streaming_response and streams have not
+            read = result.http_response.is_closed and not op.request.stream
+            if isinstance(result, AsyncAPIResponse):
+                return Kind.COMPLETE if read else Kind.ASYNC_RESPONSE
+            return Kind.RAW_READ if read else Kind.RESPONSE
+        return Kind.COMPLETE
+
+    def read(self, op: Operation, result: Any) -> None:
+        if isinstance(result, AsyncAPIResponse):
+            # the body is in, but parse() is a coroutine here: the SDK's own synchronous step makes the Message
+            result = result._parse()
+        op.response_id = result.id
+        op.response_model = result.model
+        if result.stop_reason:
+            op.finish_reasons = [result.stop_reason]
+        _read_usage(op, result.usage, final=True)
+        if op.output_text is not None:
+            op.output_text.append("".join(block.text for block in result.content if block.type == "text"))
+
+    def read_error(self, op: Operation, error: BaseException) -> None:
+        if isinstance(error, anthropic.APIStatusError):
+            _HEADERS.read(op, error.response.headers)
+
+    def observe(self, op: Operation, chunk: Any) -> int:
+        event = chunk.type
+        if event == "content_block_delta":
+            delta = chunk.delta
+            kind = delta.type
+            if kind == "text_delta":
+                if op.output_text is not None:
+                    op.output_text.append(delta.text)
+                return CONTENT if delta.text else OTHER
+            if kind == "input_json_delta":
+                return CONTENT if delta.partial_json else OTHER
+            if kind == "thinking_delta":
+                return CONTENT if delta.thinking else OTHER
+            return OTHER  # signature and citations deltas carry no output tokens
+        if event == "message_start":
+            message = chunk.message
+            op.response_id = message.id
+            op.response_model = message.model
+            _read_usage(op, message.usage, final=False)
+        elif event == "message_delta":
+            if chunk.delta.stop_reason:
+                op.finish_reasons = [chunk.delta.stop_reason]
+            _read_usage(op, chunk.usage, final=True)
+        return OTHER
+
+
+class _StreamHelper(_Messages):
+    """``messages.stream()``: always streamed. The request was built by stream(); entering the manager sends it."""
+
+    def describe(self, instance: Any, kwargs: dict[str, Any], settings: Settings) -> Request:
+        return _describe(instance, kwargs, settings, stream=True)
+
+
+def _sent_on_enter(call: Callable[[Telemetry], Wrapper], request_attribute: str, *,
+                   awaited: bool) -> Callable[[Telemetry], Wrapper]:
+    """The operation of a stream() helper begins when its manager is entered: the manager's deferred request is
+    swapped for the same request sent through ``call``'s wrapper. The sync manager calls what it holds; the async one
+    awaits a coroutine that stream() made."""
+
+    def make(telemetry: Telemetry) -> Wrapper:
+        send = call(telemetry)
+
+        def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            manager = wrapped(*args, **kwargs)
+            try:
+                request = getattr(manager, request_attribute)
+                # the request holds its arguments already: the keywords are for describing it
+                if awaited:
+                    deferred: Any = send(lambda **_: request, instance, (), kwargs)
+                else:
+                    deferred = functools.partial(send, lambda **_: request(), instance, (), kwargs)
+                setattr(manager, request_attribute, deferred)
+            except Exception:
+                report_failure("stream helper")
+            return manager
+
+        return wrapper
+
+    return make
+
+
+_MESSAGES, _STREAM_HELPER = _Messages(), _StreamHelper()
+_MESSAGES_MODULE = "anthropic.resources.messages.messages"
+
+PROVIDER = Provider(
+    name="anthropic",
+    distribution="anthropic",
+    min_version=(2, 14),
+    below_version=(3,),
+    targets=(
+        Target(_MESSAGES_MODULE, "Messages.create", sync_call(_MESSAGES)),
+        Target(_MESSAGES_MODULE, "AsyncMessages.create", async_call(_MESSAGES)),
+        Target(_MESSAGES_MODULE, "Messages.parse", sync_call(_MESSAGES)),
+        Target(_MESSAGES_MODULE, "AsyncMessages.parse", async_call(_MESSAGES)),
+        Target(_MESSAGES_MODULE, "Messages.stream",
+               _sent_on_enter(sync_call(_STREAM_HELPER), "_MessageStreamManager__api_request", awaited=False)),
+        Target(_MESSAGES_MODULE, "AsyncMessages.stream",
+               _sent_on_enter(async_call(_STREAM_HELPER), "_AsyncMessageStreamManager__api_request", awaited=True)),
+        # headers, retries and the SDK's own span: deeper in the client, on behalf of the operation in this context
+        *_HEADERS.base_client_targets("anthropic"),
+        Target("anthropic._base_client", "start_api_call_span", span_stand_in()),
+    ),
+)
