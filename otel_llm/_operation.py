@@ -58,17 +58,20 @@ class Operation:
     retry_after: float | None = None
     # resource -> (remaining, limit); either may be unknown
     rate_limits: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
+    # further span attributes the response told (named via _semconv by the adapter), e.g. the provider's own latency
+    attributes: dict[str, Any] = field(default_factory=dict)
     # outcome
     error_type: str | None = None
     end_ns: int = 0
     finished: bool = False
 
     def close(self, end_ns: int, error_type: str | None) -> bool:
-        """Mark the operation finished; True only the first time, so every operation finishes exactly once."""
+        """Mark the operation finished; True only the first time, so every operation finishes exactly once. An error
+        type the adapter named already (the service's error code behind a generic exception class) is kept."""
         if self.finished:
             return False
         self.finished = True
         self.end_ns = end_ns
-        if error_type is not None:
+        if error_type is not None and self.error_type is None:
             self.error_type = error_type
         return True

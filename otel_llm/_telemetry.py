@@ -164,6 +164,7 @@ class Telemetry:
                 attributes[sc.RATE_LIMIT_REMAINING_PREFIX + resource] = remaining
             if limit is not None:
                 attributes[sc.RATE_LIMIT_LIMIT_PREFIX + resource] = limit
+        attributes.update(op.attributes)
         if self.settings.capture_content.on_span:
             attributes.update(_content_attributes(op))
         if op.error_type is not None:

@@ -7,4 +7,5 @@ from __future__ import annotations
 ADAPTERS: dict[str, str] = {
     "openai": "openai",
     "anthropic": "anthropic",
+    "bedrock": "botocore",
 }

@@ -1,0 +1,569 @@
+"""The boto3 ``bedrock-runtime`` client: what its calls, results and stream events mean, as plain values. No spans,
+no meters.
+
+Covers ``converse``, ``converse_stream``, ``invoke_model`` and ``invoke_model_with_response_stream`` on every client,
+made before or after ``instrument()``: botocore builds client classes at run time, so the patch sits on the method
+they all call, ``BaseClient._make_api_call``, and lets every other service and operation through untouched.
+``invoke_model`` JSON is read by its shape: Anthropic Claude (messages and text completions), Meta Llama, Amazon
+Titan and Nova, Cohere (generate and chat), Mistral (completions and chat). Bedrock's own latency figures
+(``metrics.latencyMs``, the ``x-amzn-bedrock-invocation-latency`` header, a stream's
+``amazon-bedrock-invocationMetrics``) are kept beside ours, and error codes become ``error.type``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import wrapt
+from botocore.exceptions import ClientError
+from botocore.response import StreamingBody
+
+from otel_llm import _semconv as sc
+from otel_llm._calls import Kind, current_operation, hook, sync_call
+from otel_llm._operation import Request
+from otel_llm._patching import Provider, Target
+from otel_llm._safety import report_failure
+from otel_llm._stream import CONTENT, OTHER
+
+if TYPE_CHECKING:
+    from otel_llm._calls import Wrapper
+    from otel_llm._operation import Operation
+    from otel_llm._settings import Settings
+    from otel_llm._telemetry import Telemetry
+
+_SERVICE = "bedrock-runtime"
+
+# request parameters sit in the body itself or in a config object inside it (converse, Titan, Nova)
+_CONFIG_KEYS = ("inferenceConfig", "textGenerationConfig", "additionalModelRequestFields")
+_PARAMETERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (sc.REQUEST_MAX_TOKENS,
+     ("max_tokens", "maxTokens", "max_tokens_to_sample", "max_gen_len", "maxTokenCount", "max_new_tokens")),
+    (sc.REQUEST_TEMPERATURE, ("temperature",)),
+    (sc.REQUEST_TOP_P, ("top_p", "topP", "p")),
+    (sc.REQUEST_TOP_K, ("top_k", "topK", "k")),
+    (sc.REQUEST_SEED, ("seed",)),
+)
+_STOP_KEYS = ("stop_sequences", "stopSequences", "stop")
+# where input text sits: converse's arguments and every body format's top level; then inside messages and blocks
+_PROMPT_KEYS = ("system", "messages", "prompt", "inputText", "message", "chat_history", "preamble", "texts")
+_TEXT_KEYS = ("content", "text", "message", "toolResult")
+
+_TOKEN_HEADERS = ("x-amzn-bedrock-input-token-count", "x-amzn-bedrock-output-token-count",
+                  "x-amzn-bedrock-cache-read-input-token-count", "x-amzn-bedrock-cache-write-input-token-count")
+_LATENCY_HEADER = "x-amzn-bedrock-invocation-latency"
+_INVOCATION_METRICS = "amazon-bedrock-invocationMetrics"
+
+_clock = time.perf_counter_ns
+
+
+# --- request side ----------------------------------------------------------------------------------------------
+
+
+def _number(value: object) -> float | int | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _request_parameters(body: Mapping[str, Any]) -> dict[str, Any]:
+    attributes: dict[str, Any] = {}
+    for source in (body, *(body[key] for key in _CONFIG_KEYS if isinstance(body.get(key), Mapping))):
+        for name, keys in _PARAMETERS:
+            for key in keys:
+                value = _number(source.get(key))
+                if value is not None:
+                    attributes.setdefault(name, value)
+        for key in _STOP_KEYS:
+            stop = source.get(key)
+            if isinstance(stop, str):
+                stop = [stop]
+            if isinstance(stop, list) and stop and all(isinstance(s, str) for s in stop):
+                attributes.setdefault(sc.REQUEST_STOP_SEQUENCES, stop)
+    return attributes
+
+
+def _text_chars(value: object) -> int:
+    """Characters of text in a prompt value: a string, or messages/blocks holding text."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, Mapping):
+        return sum(_text_chars(value[key]) for key in _TEXT_KEYS if key in value)
+    if isinstance(value, (list, tuple)):
+        return sum(_text_chars(item) for item in value)
+    return 0
+
+
+def _plain(value: object) -> object:
+    """A copy of what was sent, for opt-in content capture: a caller appending to its messages later must not
+    change what we report."""
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
+
+
+def _request_body(kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
+    """invoke_model's JSON body; empty when it is a file object (not ours to read) or not a JSON object."""
+    body = kwargs.get("body")
+    if not isinstance(body, (bytes, bytearray, str)):
+        return {}
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def _server(client: Any) -> tuple[str | None, int | None]:
+    url = urlsplit(client.meta.endpoint_url)
+    return url.hostname, url.port or {"https": 443, "http": 80}.get(url.scheme)
+
+
+# --- response side: values every format shares -------------------------------------------------------------------
+
+
+def _note_usage(op: Operation, input_tokens: object, output_tokens: object, cache_read: object = None,
+                cache_write: object = None) -> None:
+    """Record the counts given (None: not in this message). Bedrock leaves cached input out of its input count;
+    the conventions count it in, and report it on its own too."""
+    read, write = _count(cache_read), _count(cache_write)
+    if read is not None:
+        op.cache_read_tokens = read
+    if write is not None:
+        op.cache_creation_tokens = write
+    count = _count(input_tokens)
+    if count is not None:
+        op.input_tokens = count + (op.cache_read_tokens or 0) + (op.cache_creation_tokens or 0)
+    count = _count(output_tokens)
+    if count is not None:
+        op.output_tokens = count
+
+
+def _note_finish(op: Operation, reason: object) -> None:
+    if isinstance(reason, str) and reason:
+        op.finish_reasons.append(reason)
+
+
+def _note_text(op: Operation, text: object) -> int:
+    """CONTENT when ``text`` is output text, kept when content capture is on."""
+    if not isinstance(text, str) or not text:
+        return OTHER
+    if op.output_text is not None:
+        op.output_text.append(text)
+    return CONTENT
+
+
+def _note_milliseconds(op: Operation, attribute: str, value: object) -> None:
+    milliseconds = _number(value)
+    if milliseconds is not None:
+        op.attributes[attribute] = milliseconds / 1000
+
+
+def _read_headers(op: Operation, response: Mapping[str, Any]) -> None:
+    """invoke_model's counts and latency headers (botocore spells header names in lower case)."""
+    headers = response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+    counts = []
+    for name in _TOKEN_HEADERS:
+        value = headers.get(name)
+        counts.append(int(value) if isinstance(value, str) and value.isdigit() else None)
+    _note_usage(op, *counts)
+    latency = headers.get(_LATENCY_HEADER)
+    if isinstance(latency, str) and latency.isdigit():
+        _note_milliseconds(op, sc.PROVIDER_LATENCY, int(latency))
+
+
+def _read_invocation_metrics(op: Operation, metrics: Mapping[str, Any]) -> None:
+    """What Bedrock adds to a stream's last chunk: counts fill in what the model's own JSON did not say."""
+    _note_usage(op, metrics.get("inputTokenCount") if op.input_tokens is None else None,
+                metrics.get("outputTokenCount") if op.output_tokens is None else None,
+                metrics.get("cacheReadInputTokenCount") if op.cache_read_tokens is None else None,
+                metrics.get("cacheWriteInputTokenCount") if op.cache_creation_tokens is None else None)
+    _note_milliseconds(op, sc.PROVIDER_LATENCY, metrics.get("invocationLatency"))
+    _note_milliseconds(op, sc.PROVIDER_TIME_TO_FIRST_BYTE, metrics.get("firstByteLatency"))
+
+
+def _name_error(op: Operation, error: ClientError) -> None:
+    """error.type is the service's error code: a mid-stream exception event (EventStreamError) or an unmodeled
+    code (ClientError) arrives under a class name that says nothing. Stream members are spelled
+    ``throttlingException``; the code is ``ThrottlingException`` everywhere else."""
+    code = error.response.get("Error", {}).get("Code")
+    if isinstance(code, str) and code:
+        op.error_type = code[0].upper() + code[1:]
+
+
+# --- converse, and Amazon Nova's invoke_model JSON (the same shapes) ---------------------------------------------
+
+
+def _read_converse(op: Operation, result: Mapping[str, Any]) -> None:
+    _note_finish(op, result.get("stopReason"))
+    _read_converse_usage(op, result.get("usage"))
+    metrics = result.get("metrics")
+    if isinstance(metrics, Mapping):
+        _note_milliseconds(op, sc.PROVIDER_LATENCY, metrics.get("latencyMs"))
+    if op.output_text is not None:
+        message = result.get("output", {}).get("message", {})
+        for block in message.get("content", ()):
+            _note_text(op, block.get("text"))
+
+
+def _read_converse_usage(op: Operation, usage: object) -> None:
+    if isinstance(usage, Mapping):
+        # converse says cacheReadInputTokens, Nova's own JSON cacheReadInputTokenCount
+        _note_usage(op, usage.get("inputTokens"), usage.get("outputTokens"),
+                    usage.get("cacheReadInputTokens", usage.get("cacheReadInputTokenCount")),
+                    usage.get("cacheWriteInputTokens", usage.get("cacheWriteInputTokenCount")))
+
+
+def _observe_converse_event(op: Operation, event: Mapping[str, Any]) -> int:
+    block = event.get("contentBlockDelta")
+    if block is not None:
+        delta = block.get("delta", {})
+        if _note_text(op, delta.get("text")) == CONTENT:
+            return CONTENT
+        reasoning = delta.get("reasoningContent") or {}
+        tool = delta.get("toolUse") or {}
+        # a reasoning signature alone is not output
+        return CONTENT if tool.get("input") or reasoning.get("text") or reasoning.get("redactedContent") else OTHER
+    if "messageStop" in event:
+        _note_finish(op, event["messageStop"].get("stopReason"))
+    elif "metadata" in event:
+        _read_converse(op, event["metadata"])
+    return OTHER
+
+
+# --- invoke_model JSON of each model family: a whole body or one stream chunk ------------------------------------
+
+
+def _read_claude(op: Operation, payload: Mapping[str, Any]) -> int:
+    """Anthropic messages: the body (``message``) or one stream event."""
+    kind = payload["type"]
+    if kind == "content_block_delta":
+        delta = payload.get("delta", {})
+        if _note_text(op, delta.get("text")) == CONTENT:
+            return CONTENT
+        return CONTENT if delta.get("partial_json") or delta.get("thinking") else OTHER
+    if kind == "message_start":
+        _read_claude_message(op, payload.get("message", {}))
+    elif kind == "message_delta":
+        _note_finish(op, payload.get("delta", {}).get("stop_reason"))
+        _read_claude_usage(op, payload.get("usage"))
+    elif kind == "message":
+        _read_claude_message(op, payload)
+        _note_finish(op, payload.get("stop_reason"))
+        for block in payload.get("content", ()):
+            _note_text(op, block.get("text"))
+    return OTHER
+
+
+def _read_claude_message(op: Operation, message: Mapping[str, Any]) -> None:
+    if isinstance(message.get("id"), str):
+        op.response_id = message["id"]
+    if isinstance(message.get("model"), str):
+        op.response_model = message["model"]
+    _read_claude_usage(op, message.get("usage"))
+
+
+def _read_claude_usage(op: Operation, usage: object) -> None:
+    if isinstance(usage, Mapping):
+        _note_usage(op, usage.get("input_tokens"), usage.get("output_tokens"), usage.get("cache_read_input_tokens"),
+                    usage.get("cache_creation_input_tokens"))
+
+
+def _read_claude_text(op: Operation, payload: Mapping[str, Any]) -> int:
+    """Anthropic's older text completions."""
+    _note_finish(op, payload.get("stop_reason"))
+    return _note_text(op, payload["completion"])
+
+
+def _read_llama(op: Operation, payload: Mapping[str, Any]) -> int:
+    _note_finish(op, payload.get("stop_reason"))
+    _note_usage(op, payload.get("prompt_token_count"), payload.get("generation_token_count"))
+    return _note_text(op, payload["generation"])
+
+
+def _read_titan(op: Operation, payload: Mapping[str, Any]) -> int:
+    results = payload.get("results")
+    if isinstance(results, list):  # the whole body
+        _note_usage(op, payload.get("inputTextTokenCount"), sum(_count(r.get("tokenCount")) or 0 for r in results))
+        for result in results:
+            _note_finish(op, result.get("completionReason"))
+            _note_text(op, result.get("outputText"))
+        return OTHER
+    _note_finish(op, payload.get("completionReason"))
+    _note_usage(op, payload.get("inputTextTokenCount"), payload.get("totalOutputTextTokenCount"))
+    return _note_text(op, payload.get("outputText"))
+
+
+def _read_cohere(op: Operation, payload: Mapping[str, Any]) -> int:
+    """Cohere generate (a body with ``generations``, chunks with ``text``) and chat (``event_type`` chunks)."""
+    for generation in payload.get("generations", ()):
+        _note_finish(op, generation.get("finish_reason"))
+        _note_text(op, generation.get("text"))
+    response_id = payload.get("response_id", payload.get("id"))
+    if isinstance(response_id, str):
+        op.response_id = response_id
+    _note_finish(op, payload.get("finish_reason"))
+    if payload.get("event_type", "text-generation") != "text-generation":
+        return OTHER
+    return _note_text(op, payload.get("text"))
+
+
+def _read_mistral(op: Operation, payload: Mapping[str, Any]) -> int:
+    """Mistral completions (``outputs``) and chat (``choices``), bodies and chunks alike."""
+    kind = OTHER
+    for choice in payload.get("outputs") or payload.get("choices") or ():
+        _note_finish(op, choice.get("stop_reason") or choice.get("finish_reason"))
+        message = choice.get("message") or choice.get("delta")
+        text = message.get("content") if isinstance(message, Mapping) else choice.get("text")
+        if _note_text(op, text) == CONTENT:
+            kind = CONTENT
+    return kind
+
+
+def _read_payload(op: Operation, payload: object) -> int:
+    """One model's invoke_model JSON, whole or a stream chunk, told apart by its keys."""
+    if not isinstance(payload, dict):
+        return OTHER
+    if "completion" in payload:
+        kind = _read_claude_text(op, payload)
+    elif "type" in payload:
+        kind = _read_claude(op, payload)
+    elif "generation" in payload:
+        kind = _read_llama(op, payload)
+    elif "outputText" in payload or "results" in payload:
+        kind = _read_titan(op, payload)
+    elif "outputs" in payload or "choices" in payload:
+        kind = _read_mistral(op, payload)
+    elif "is_finished" in payload or "generations" in payload or "response_id" in payload:
+        kind = _read_cohere(op, payload)
+    elif "output" in payload:
+        _read_converse(op, payload)
+        kind = OTHER
+    else:
+        kind = _observe_converse_event(op, payload)  # Nova streams converse's events
+    metrics = payload.get(_INVOCATION_METRICS)
+    if isinstance(metrics, Mapping):
+        _read_invocation_metrics(op, metrics)
+    return kind
+
+
+# --- endpoints ---------------------------------------------------------------------------------------------------
+
+
+class _EventIterator(wrapt.ObjectProxy[Any]):
+    """botocore's EventStream is iterable, not an iterator: this steps one iteration of it for the core's stream
+    proxy (which wraps this, so the caller's object still is an EventStream), and names a mid-stream exception
+    event by its code on the way through."""
+
+    def __init__(self, stream: Any, op: Operation | None) -> None:
+        super().__init__(stream)
+        self._self_events = iter(stream)
+        self._self_op = op
+
+    def __next__(self) -> Any:
+        try:
+            return next(self._self_events)
+        except ClientError as error:
+            if self._self_op is not None:
+                try:
+                    _name_error(self._self_op, error)
+                except Exception:
+                    report_failure("stream error")
+            raise
+
+
+class _Endpoint:
+    """One bedrock-runtime operation. ``receive`` runs inside the measured call, on botocore's result, and does
+    I/O only: what it returns is what the core adopts; ``deliver`` builds the caller's result around that."""
+
+    stream = False
+
+    def describe(self, instance: Any, kwargs: dict[str, Any], settings: Settings) -> Request:
+        model = kwargs.get("modelId")
+        model = model if isinstance(model, str) else None
+        body = self.request_body(kwargs)
+        prompt = [body[key] for key in _PROMPT_KEYS if isinstance(body.get(key), (str, list))]
+        host, port = _server(instance)
+        return Request(
+            operation=self.operation(model, body),
+            provider=sc.PROVIDER_AWS_BEDROCK,
+            model=model,
+            server_address=host,
+            server_port=port,
+            stream=self.stream,
+            prompt_chars=_text_chars(prompt) if prompt else None,
+            attributes=_request_parameters(body),
+            input_messages=_plain(prompt) if settings.capture_content.enabled and prompt else None,
+        )
+
+    def request_body(self, kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
+        return kwargs
+
+    def operation(self, model: str | None, body: Mapping[str, Any]) -> str:
+        return sc.OP_CHAT
+
+    def prepare(self, op: Operation, kwargs: dict[str, Any], settings: Settings) -> dict[str, Any]:
+        if settings.capture_content.enabled:
+            op.output_text = []
+        return kwargs
+
+    def receive(self, response: dict[str, Any]) -> Any:
+        return response
+
+    def deliver(self, response: dict[str, Any], adopted: Any) -> Any:
+        return adopted
+
+    def kind(self, op: Operation, result: Any) -> Kind:
+        return Kind.STREAM if isinstance(result, _EventIterator) else Kind.COMPLETE
+
+    def read(self, op: Operation, result: Any) -> None:
+        raise NotImplementedError
+
+    def read_error(self, op: Operation, error: BaseException) -> None:
+        if isinstance(error, ClientError):
+            _name_error(op, error)
+
+    def observe(self, op: Operation, chunk: Any) -> int:
+        raise NotImplementedError
+
+
+class _Converse(_Endpoint):
+    def read(self, op: Operation, result: Any) -> None:
+        _read_converse(op, result)
+
+
+class _StreamEndpoint(_Endpoint):
+    stream = True
+    key = "stream"  # where botocore's result holds the EventStream
+
+    def receive(self, response: dict[str, Any]) -> Any:
+        return _EventIterator(response[self.key], current_operation())
+
+    def deliver(self, response: dict[str, Any], adopted: Any) -> Any:
+        return {**response, self.key: adopted}
+
+
+class _ConverseStream(_StreamEndpoint):
+    def observe(self, op: Operation, chunk: Any) -> int:
+        return _observe_converse_event(op, chunk)
+
+
+class _Invoke(_Endpoint):
+    def request_body(self, kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
+        return _request_body(kwargs)
+
+    def operation(self, model: str | None, body: Mapping[str, Any]) -> str:
+        if "messages" in body or "message" in body:
+            return sc.OP_CHAT
+        if "texts" in body or "embed" in (model or "").rpartition("/")[2]:
+            return sc.OP_EMBEDDINGS
+        return sc.OP_TEXT_COMPLETION
+
+
+class _InvokeModel(_Invoke):
+    def receive(self, response: dict[str, Any]) -> Any:
+        # the body is the answer: read it within the call (its errors stay the caller's), hand over an equal one
+        data = response["body"].read()
+        response["body"] = StreamingBody(io.BytesIO(data), len(data))
+        return response, data
+
+    def deliver(self, response: dict[str, Any], adopted: Any) -> Any:
+        return response
+
+    def read(self, op: Operation, result: Any) -> None:
+        response, data = result
+        _read_headers(op, response)
+        if "json" in response.get("contentType", "") and data:
+            _read_payload(op, json.loads(data))
+
+
+class _InvokeModelStream(_Invoke, _StreamEndpoint):
+    key = "body"
+
+    def observe(self, op: Operation, chunk: Any) -> int:
+        part = chunk.get("chunk")
+        return OTHER if part is None else _read_payload(op, json.loads(part["bytes"]))
+
+
+_ENDPOINTS: Mapping[str, _Endpoint] = {
+    "Converse": _Converse(),
+    "ConverseStream": _ConverseStream(),
+    "InvokeModel": _InvokeModel(),
+    "InvokeModelWithResponseStream": _InvokeModelStream(),
+}
+
+
+def _api_call_arguments(operation_name: str, api_params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    return operation_name, api_params
+
+
+def _api_call(telemetry: Telemetry) -> Wrapper:
+    """``BaseClient._make_api_call(operation_name, api_params)`` serves every AWS service: bedrock-runtime's inference
+    operations go through the core as endpoints called with ``api_params``; everything else passes untouched."""
+    calls = {name: (endpoint, sync_call(endpoint)(telemetry)) for name, endpoint in _ENDPOINTS.items()}
+
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        try:
+            operation_name, params = _api_call_arguments(*args, **kwargs)
+            found = calls.get(operation_name) if instance.meta.service_model.service_name == _SERVICE else None
+        except Exception:
+            report_failure("bedrock dispatch")
+            found = None
+        if found is None:
+            return wrapped(*args, **kwargs)
+        endpoint, call = found
+        response: dict[str, Any] = {}
+
+        def send(**api_params: Any) -> Any:
+            response.update(wrapped(operation_name, api_params))
+            return endpoint.receive(response)
+
+        return endpoint.deliver(response, call(send, instance, (), params))
+
+    return wrapper
+
+
+def _response_arguments(http_response: Any, operation_model: Any, *args: Any, **kwargs: Any) -> Any:
+    return operation_model
+
+
+def _response_arrived(op: Operation, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """An HTTP response for the operation is in (botocore converts each twice, before and after parsing; the last
+    mark counts): for streams and invoke_model that is as the headers arrive, converse's small body comes with them."""
+    if _response_arguments(*args, **kwargs).service_model.service_name == _SERVICE:
+        op.headers_ns = op.last_activity_ns = _clock()
+
+
+def _retry_arguments(attempts: int, operation_model: Any, *args: Any, **kwargs: Any) -> tuple[int, Any]:
+    return attempts, operation_model
+
+
+def _attempted(op: Operation, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """botocore asks whether to retry after every attempt, so the last ask knows how many there were."""
+    attempts, operation_model = _retry_arguments(*args, **kwargs)
+    if operation_model.service_model.service_name == _SERVICE:
+        op.retries = attempts - 1
+
+
+PROVIDER = Provider(
+    name="bedrock",
+    distribution="botocore",
+    min_version=(1, 34),
+    below_version=(2,),
+    targets=(
+        Target("botocore.client", "BaseClient._make_api_call", _api_call),
+        # headers and retries: deeper in botocore, on behalf of the operation running in this context
+        Target("botocore.endpoint", "convert_to_response_dict", hook(_response_arrived)),
+        Target("botocore.endpoint", "Endpoint._needs_retry", hook(_attempted)),
+    ),
+)

@@ -1,0 +1,717 @@
+"""boto3's bedrock-runtime through otel_llm, at the wire: a loopback server speaks Bedrock's JSON and the AWS
+event-stream framing, and real boto3 signs, sends, retries and parses. One span per call with whole metric points,
+every way a stream can finish, Bedrock's own latency beside ours, and error codes as error.type."""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import gc
+import itertools
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import botocore.client
+import botocore.endpoint
+import pytest
+import wire
+import wire_bedrock as wb
+import wrapt
+from botocore.eventstream import ChecksumMismatch, EventStream, EventStreamBuffer
+from botocore.exceptions import ClientError, EventStreamError
+from botocore.response import StreamingBody
+from conftest import Captured, Instrument, attributes
+from opentelemetry import trace
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from opentelemetry.trace import SpanKind, StatusCode
+from urllib3.exceptions import ProtocolError
+
+import otel_llm
+from otel_llm import _safety
+from otel_llm import _semconv as sc
+from otel_llm.providers import bedrock as bedrock_adapter
+
+MODEL = "us.anthropic.claude-3-5-haiku-20241022-v1:0"  # an inference-profile id
+LLAMA_ARN = "arn:aws:bedrock:us-east-1:123456789012:inference-profile/us.meta.llama3-2-3b-instruct-v1:0"
+TOKENS = ["Hel", "lo", " world"]
+USAGE = wb.Tokens(input=12, output=3, cache_read=4, cache_write=2)
+INPUT_TOKENS = 12 + 4 + 2  # the conventions count cached input in; Bedrock reports it apart
+SYSTEM = [{"text": "Be brief."}]
+MESSAGES = [{"role": "user", "content": [{"text": "Say hello"}]}]
+PROMPT_CHARS = len("Be brief.") + len("Say hello")
+CLAUDE = wb.FORMAT["claude-messages"]
+LLAMA = wb.FORMAT["llama"]
+MS = 1e-3
+
+
+@contextlib.contextmanager
+def bedrock(replies: wire.ReplySource, *, attempts: int = 1) -> Iterator[tuple[Any, wire.LoopbackServer]]:
+    """A bedrock-runtime client on a loopback server answering with ``replies``."""
+    with wire.LoopbackServer(replies) as server:
+        yield wb.client(server, attempts=attempts), server
+
+
+def identity(server: wire.LoopbackServer, model: str = MODEL, operation: str = sc.OP_CHAT) -> dict[str, Any]:
+    return {sc.OPERATION_NAME: operation, sc.PROVIDER_NAME: sc.PROVIDER_AWS_BEDROCK, sc.REQUEST_MODEL: model,
+            sc.SERVER_ADDRESS: "127.0.0.1", sc.SERVER_PORT: urlsplit(server.base_url).port}
+
+
+def payload(event: dict[str, Any]) -> dict[str, Any]:
+    """The model JSON inside an invoke_model_with_response_stream event."""
+    decoded: dict[str, Any] = json.loads(event["chunk"]["bytes"])
+    return decoded
+
+
+@dataclass(frozen=True)
+class StreamCall:
+    """One streaming operation: how an application calls it, where the result holds the stream, the wire events."""
+
+    name: str
+    key: str
+    leading: int  # events before the first token
+    exception_type: str  # the stream member a mid-stream error event names
+    start: Callable[[Any], dict[str, Any]]
+    events: Callable[[list[str], wb.Tokens, bytes | None], list[bytes]]
+
+    def is_content(self, event: dict[str, Any]) -> bool:
+        if self.key == "stream":
+            return "contentBlockDelta" in event
+        chunk = payload(event)
+        return chunk.get("type") == "content_block_delta" or bool(chunk.get("generation"))
+
+
+def invoke_events(fmt: wb.Format, leading: int) -> Callable[[list[str], wb.Tokens, bytes | None], list[bytes]]:
+    def events(tokens: list[str], usage: wb.Tokens, error: bytes | None) -> list[bytes]:
+        chunks = fmt.stream(tokens, usage)
+        if error is not None:
+            return [*wb.invoke_stream(chunks[:leading + len(tokens)], None), error]
+        return wb.invoke_stream(chunks, wb.invocation_metrics(usage, latency_ms=80, first_byte_ms=30))
+
+    return events
+
+
+CONVERSE_STREAM = StreamCall(
+    "converse_stream", "stream", 1, "modelStreamErrorException",
+    lambda client: client.converse_stream(modelId=MODEL, system=SYSTEM, messages=MESSAGES),
+    lambda tokens, usage, error: wb.converse_stream(tokens, usage=usage, latency_ms=90, error=error),
+)
+INVOKE_LLAMA_STREAM = StreamCall(
+    "invoke_llama_stream", "body", 0, "throttlingException",
+    lambda client: client.invoke_model_with_response_stream(modelId=LLAMA_ARN, body=json.dumps(LLAMA.request("Hi"))),
+    invoke_events(LLAMA, 0),
+)
+INVOKE_CLAUDE_STREAM = StreamCall(
+    "invoke_claude_stream", "body", 2, "modelTimeoutException",
+    lambda client: client.invoke_model_with_response_stream(modelId=MODEL, body=json.dumps(CLAUDE.request("Hi"))),
+    invoke_events(CLAUDE, 2),
+)
+STREAM_CALLS = [CONVERSE_STREAM, INVOKE_LLAMA_STREAM, INVOKE_CLAUDE_STREAM]
+
+
+def stream_ids(call: StreamCall) -> str:
+    return call.name
+
+
+# --- the wire fake itself --------------------------------------------------------------------------------------
+
+
+def test_event_stream_framing_is_what_botocores_decoder_reads() -> None:
+    frames = [
+        wb.message({":event-type": "chunk", ":content-type": "application/json", ":message-type": "event"},
+                   b'{"bytes":"e30="}'),
+        wb.message({":message-type": "event", "note": "héllo"}, b""),
+        wb.exception("throttlingException", "slow down"),
+    ]
+    decoder = EventStreamBuffer()
+    for byte in b"".join(frames):  # one byte at a time: messages are found across any network split
+        decoder.add_data(bytes([byte]))
+    decoded = list(decoder)
+    assert [m.headers for m in decoded] == [
+        {":event-type": "chunk", ":content-type": "application/json", ":message-type": "event"},
+        {":message-type": "event", "note": "héllo"},
+        {":exception-type": "throttlingException", ":content-type": "application/json", ":message-type": "exception"},
+    ]
+    assert [m.payload for m in decoded] == [b'{"bytes":"e30="}', b"", b'{"message":"slow down"}']
+    assert [m.prelude.total_length for m in decoded] == [len(f) for f in frames]
+    # both CRCs are checked: one flipped bit in the prelude, the headers, the payload or a CRC is caught
+    for position in (2, 13, len(frames[0]) - 6, len(frames[0]) - 1):
+        broken = bytearray(frames[0])
+        broken[position] ^= 1
+        decoder = EventStreamBuffer()
+        decoder.add_data(bytes(broken))
+        with pytest.raises(ChecksumMismatch):
+            list(decoder)
+
+
+# --- whole spans and metric points -------------------------------------------------------------------------------
+
+
+def test_converse_is_one_span_with_usage_and_bedrocks_own_latency(otel: Captured) -> None:
+    body = wb.converse_body("Hello world", usage=USAGE, latency_ms=412)
+    with bedrock([wb.converse_reply(body)]) as (client, server):
+        result = client.converse(
+            modelId=MODEL, system=SYSTEM, messages=MESSAGES,
+            inferenceConfig={"maxTokens": 50, "temperature": 0.2, "topP": 0.9, "stopSequences": ["\n\n"]},
+            additionalModelRequestFields={"top_k": 40})
+    assert result["output"]["message"]["content"] == [{"text": "Hello world"}]
+    request = server.requests[0]
+    assert request.path == "/model/us.anthropic.claude-3-5-haiku-20241022-v1%3A0/converse"
+    assert request.headers["authorization"].startswith("AWS4-HMAC-SHA256 Credential=test/")  # really signed
+
+    span = otel.span()
+    assert (span.name, span.kind, span.status.status_code) == (f"chat {MODEL}", SpanKind.CLIENT, StatusCode.UNSET)
+    attrs = dict(attributes(span))
+    headers_time = attrs.pop(sc.TIME_TO_HEADERS)
+    assert attrs == {
+        **identity(server),
+        sc.REQUEST_STREAM: False,
+        sc.PROMPT_LENGTH: PROMPT_CHARS,
+        sc.REQUEST_MAX_TOKENS: 50,
+        sc.REQUEST_TEMPERATURE: 0.2,
+        sc.REQUEST_TOP_P: 0.9,
+        sc.REQUEST_TOP_K: 40,
+        sc.REQUEST_STOP_SEQUENCES: ("\n\n",),
+        sc.RESPONSE_FINISH_REASONS: ("end_turn",),
+        sc.USAGE_INPUT_TOKENS: INPUT_TOKENS,
+        sc.USAGE_OUTPUT_TOKENS: 3,
+        sc.USAGE_CACHE_READ_INPUT_TOKENS: 4,
+        sc.USAGE_CACHE_CREATION_INPUT_TOKENS: 2,
+        sc.PROVIDER_LATENCY: 0.412,  # Bedrock's metrics.latencyMs, beside our own duration
+    }
+    assert span.end_time is not None and span.start_time is not None
+    assert 0 < headers_time <= (span.end_time - span.start_time) / 1e9
+
+    duration = otel.point(sc.STABLE_NAMES.duration.name)
+    assert dict(duration.attributes) == {**identity(server), sc.REQUEST_STREAM: False, sc.PROMPT_SIZE: "<1k"}
+    assert duration.count == 1
+    assert otel.points(sc.STABLE_NAMES.time_to_first_chunk.name) == []
+    usage_name = sc.STABLE_NAMES.token_usage.name  # type: ignore[union-attr]
+    assert otel.point(usage_name, gen_ai__token__type="input").sum == INPUT_TOKENS
+    assert otel.point(usage_name, gen_ai__token__type="output").sum == 3
+    prompt = otel.point(sc.STABLE_NAMES.prompt_length.name)
+    assert (prompt.count, prompt.sum) == (1, PROMPT_CHARS)
+
+
+def test_converse_stream_is_one_span_with_ttft_usage_and_bedrocks_own_latency(otel: Captured) -> None:
+    # pauses: 20 ms to the headers, messageStart (not a token) after 10 ms, the first token 30 ms later, then 10 ms
+    reply = wb.stream_reply(wb.converse_stream(TOKENS, usage=USAGE, latency_ms=90), headers_delay=0.02,
+                            delays=[0.01, 0.03, 0.01, 0.01])
+    with bedrock([reply]) as (client, server):
+        response = client.converse_stream(modelId=MODEL, system=SYSTEM, messages=MESSAGES,
+                                          inferenceConfig={"maxTokens": 50})
+        assert isinstance(response["stream"], EventStream)
+        assert set(response) == {"ResponseMetadata", "stream"}
+        received = list(response["stream"])
+    assert [next(iter(event)) for event in received] == [
+        "messageStart", "contentBlockDelta", "contentBlockDelta", "contentBlockDelta", "contentBlockStop",
+        "messageStop", "metadata"]
+
+    span = otel.span()
+    assert span.status.status_code is StatusCode.UNSET
+    attrs = dict(attributes(span))
+    timings = {key: attrs.pop(key) for key in (sc.RESPONSE_TIME_TO_FIRST_CHUNK, sc.MAX_CHUNK_GAP,
+                                                 sc.TIME_PER_OUTPUT_TOKEN, sc.TIME_TO_HEADERS)}
+    assert attrs == {
+        **identity(server),
+        sc.REQUEST_STREAM: True,
+        sc.PROMPT_LENGTH: PROMPT_CHARS,
+        sc.REQUEST_MAX_TOKENS: 50,
+        sc.RESPONSE_FINISH_REASONS: ("end_turn",),
+        sc.USAGE_INPUT_TOKENS: INPUT_TOKENS,
+        sc.USAGE_OUTPUT_TOKENS: 3,
+        sc.USAGE_CACHE_READ_INPUT_TOKENS: 4,
+        sc.USAGE_CACHE_CREATION_INPUT_TOKENS: 2,
+        sc.CONTENT_CHUNKS: 3,
+        sc.PROVIDER_LATENCY: 0.09,  # from the metadata event
+    }
+    # first content comes after the headers, messageStart and the first token's pause: messageStart is not a token.
+    # (How closely these agree with the caller's own clock is test_ttft_gaps_and_duration_match_...'s subject.)
+    ttft, tpot = timings[sc.RESPONSE_TIME_TO_FIRST_CHUNK], timings[sc.TIME_PER_OUTPUT_TOKEN]
+    assert ttft >= 0.06
+    assert 0.02 <= timings[sc.TIME_TO_HEADERS] < ttft
+    assert 0 < timings[sc.MAX_CHUNK_GAP] <= 2 * tpot + 1e-9  # the longer of two gaps, spread over two tokens
+
+    metric_attrs = identity(server)
+    timing_attrs = {**metric_attrs, sc.REQUEST_STREAM: True, sc.PROMPT_SIZE: "<1k"}
+    duration = otel.point(sc.STABLE_NAMES.duration.name)
+    assert dict(duration.attributes) == timing_attrs
+    assert duration.count == 1 and duration.sum >= max(0.08, ttft + 2 * tpot) - 1e-9
+    ttfc = otel.point(sc.STABLE_NAMES.time_to_first_chunk.name)
+    assert dict(ttfc.attributes) == timing_attrs
+    assert ttfc.count == 1 and ttfc.sum == pytest.approx(ttft, abs=1e-9)
+    gaps = otel.point(sc.STABLE_NAMES.time_per_output_chunk.name)
+    assert dict(gaps.attributes) == metric_attrs
+    assert gaps.count == 2 and gaps.sum == pytest.approx(2 * tpot, abs=1e-6)
+    tpot_point = otel.point(sc.STABLE_NAMES.time_per_output_token.name)
+    assert tpot_point.count == 1 and tpot_point.sum == pytest.approx(tpot, abs=1e-9)
+    usage_name = sc.STABLE_NAMES.token_usage.name  # type: ignore[union-attr]
+    assert otel.point(usage_name, gen_ai__token__type="output").sum == 3
+
+
+def test_invoke_model_reads_the_body_and_bedrocks_headers(otel: Captured) -> None:
+    body = CLAUDE.body(TOKENS, USAGE)
+    with bedrock([wb.invoke_reply(body, wb.invocation_headers(USAGE, latency_ms=377))]) as (client, server):
+        response = client.invoke_model(modelId=MODEL, body=json.dumps(CLAUDE.request("Say hello")))
+        # the caller reads the body exactly as sent, from the StreamingBody it always got
+        assert isinstance(response["body"], StreamingBody)
+        assert response["body"].read() == wb.invoke_reply(body).body
+    assert response["contentType"] == "application/json"
+
+    attrs = dict(attributes(otel.span()))
+    assert attrs.pop(sc.TIME_TO_HEADERS) > 0
+    assert attrs == {
+        **identity(server),
+        sc.REQUEST_STREAM: False,
+        sc.PROMPT_LENGTH: PROMPT_CHARS,
+        sc.REQUEST_MAX_TOKENS: 256,
+        sc.REQUEST_TEMPERATURE: 0.5,
+        sc.REQUEST_TOP_K: 40,
+        sc.RESPONSE_ID: wb.CLAUDE_ID,
+        sc.RESPONSE_MODEL: wb.CLAUDE_MODEL,
+        sc.RESPONSE_FINISH_REASONS: ("end_turn",),
+        sc.USAGE_INPUT_TOKENS: INPUT_TOKENS,
+        sc.USAGE_OUTPUT_TOKENS: 3,
+        sc.USAGE_CACHE_READ_INPUT_TOKENS: 4,
+        sc.USAGE_CACHE_CREATION_INPUT_TOKENS: 2,
+        sc.PROVIDER_LATENCY: 0.377,  # x-amzn-bedrock-invocation-latency
+    }
+
+
+def test_invoke_model_stream_with_an_arn_model_id(otel: Captured) -> None:
+    usage = wb.Tokens(input=9, output=4)
+    events = INVOKE_LLAMA_STREAM.events(TOKENS, usage, None)
+    with bedrock([wb.stream_reply(events, headers={"X-Amzn-Bedrock-Content-Type": "application/json"})]) as (
+            client, server):
+        response = INVOKE_LLAMA_STREAM.start(client)
+        assert response["contentType"] == "application/json"
+        chunks = [payload(event) for event in response["body"]]
+    assert [c["generation"] for c in chunks] == [*TOKENS, ""]
+    assert server.requests[0].path == "/model/" + LLAMA_ARN.replace(":", "%3A").replace("/", "%2F") + \
+        "/invoke-with-response-stream"
+
+    attrs = dict(attributes(otel.span()))
+    for key in (sc.RESPONSE_TIME_TO_FIRST_CHUNK, sc.MAX_CHUNK_GAP, sc.TIME_PER_OUTPUT_TOKEN, sc.TIME_TO_HEADERS):
+        assert attrs.pop(key) > 0
+    assert attrs == {
+        **identity(server, LLAMA_ARN, sc.OP_TEXT_COMPLETION),
+        sc.REQUEST_STREAM: True,
+        sc.PROMPT_LENGTH: len(LLAMA.request("Hi")["prompt"]),
+        sc.REQUEST_MAX_TOKENS: 128,
+        sc.REQUEST_TEMPERATURE: 0.5,
+        sc.REQUEST_TOP_P: 0.9,
+        sc.RESPONSE_FINISH_REASONS: ("stop",),
+        sc.USAGE_INPUT_TOKENS: 9,
+        sc.USAGE_OUTPUT_TOKENS: 4,
+        # Llama's chunks say nothing of caching; Bedrock's invocation metrics do
+        sc.USAGE_CACHE_READ_INPUT_TOKENS: 0,
+        sc.USAGE_CACHE_CREATION_INPUT_TOKENS: 0,
+        sc.CONTENT_CHUNKS: 3,
+        # amazon-bedrock-invocationMetrics of the last chunk
+        sc.PROVIDER_LATENCY: 0.08,
+        sc.PROVIDER_TIME_TO_FIRST_BYTE: 0.03,
+    }
+
+
+# --- timing agrees with what the caller observed -----------------------------------------------------------------
+
+TIMING_TOKENS = ["one", " two", " three", " four", " five"]
+TIMING_USAGE = wb.Tokens(input=20, output=5)
+HEADERS_DELAY = 0.08
+# the events before the first token come after 40 ms; the first token 30 ms later; gaps well inside their buckets
+LEAD_DELAY, FIRST_DELAY, GAPS = 0.04, 0.03, [0.0225, 0.045, 0.072, 0.0285]
+
+Observation = tuple[int, list[tuple[int, bool]], int]  # issued, (arrival, is content) per event, ended
+
+
+def observe(call: StreamCall, client: Any) -> Observation:
+    issued = time.perf_counter_ns()
+    response = call.start(client)
+    arrivals = [(time.perf_counter_ns(), call.is_content(event)) for event in response[call.key]]
+    return issued, arrivals, time.perf_counter_ns()
+
+
+def content_gaps(arrivals: list[tuple[int, bool]]) -> list[float]:
+    content = [t for t, is_content in arrivals if is_content]
+    return [(b - a) / 1e9 for a, b in itertools.pairwise(content)]
+
+
+@pytest.mark.parametrize("call", [CONVERSE_STREAM, INVOKE_CLAUDE_STREAM], ids=stream_ids)
+def test_ttft_gaps_and_duration_match_the_callers_observation(otel: Captured, call: StreamCall) -> None:
+    events = call.events(TIMING_TOKENS, TIMING_USAGE, None)
+    delays = [*([0.0] * call.leading), FIRST_DELAY, *GAPS]
+    delays[0] = LEAD_DELAY
+    reply = wb.stream_reply(events, headers_delay=HEADERS_DELAY, delays=delays)
+    with bedrock(lambda request: reply) as (client, _):
+        # the first call warms the connection, botocore's lazy loading and the SDK's aggregations
+        warm_up, (issued, arrivals, ended) = observe(call, client), observe(call, client)
+
+    content = [t for t, is_content in arrivals if is_content]
+    assert len(content) == len(TIMING_TOKENS)
+    observed_ttft = (content[0] - issued) / 1e9
+    observed_gaps = content_gaps(arrivals)
+    observed_duration = (ended - issued) / 1e9
+
+    first, second = otel.spans()
+    attrs = attributes(second)
+    assert attrs[sc.RESPONSE_TIME_TO_FIRST_CHUNK] == pytest.approx(observed_ttft, abs=1 * MS)
+    assert attrs[sc.MAX_CHUNK_GAP] == pytest.approx(max(observed_gaps), abs=1 * MS)
+    assert attrs[sc.TIME_PER_OUTPUT_TOKEN] == pytest.approx(sum(observed_gaps) / (len(TIMING_TOKENS) - 1), abs=1 * MS)
+    # the events before the first token did not count
+    assert observed_ttft >= HEADERS_DELAY + LEAD_DELAY + FIRST_DELAY
+    assert second.end_time is not None and second.start_time is not None
+    recorded_duration = (second.end_time - second.start_time) / 1e9
+    assert recorded_duration == pytest.approx(observed_duration, abs=1 * MS)
+    assert recorded_duration <= observed_duration
+
+    ttfc = otel.point(sc.STABLE_NAMES.time_to_first_chunk.name)
+    first_ttft = attributes(first)[sc.RESPONSE_TIME_TO_FIRST_CHUNK]
+    assert ttfc.count == 2 and ttfc.sum - first_ttft == pytest.approx(observed_ttft, abs=1 * MS)
+    gaps = otel.point(sc.STABLE_NAMES.time_per_output_chunk.name)
+    all_gaps = content_gaps(warm_up[1]) + observed_gaps
+    assert gaps.count == len(all_gaps)
+    assert gaps.sum == pytest.approx(sum(all_gaps), abs=1 * MS)
+    expected_buckets = [0] * (len(sc.CHUNK_BUCKETS) + 1)
+    for gap in all_gaps:
+        expected_buckets[bisect.bisect_left(sc.CHUNK_BUCKETS, gap)] += 1
+    assert list(gaps.bucket_counts) == expected_buckets
+
+
+def test_duration_is_measured_from_the_call_not_from_client_creation(otel: Captured) -> None:
+    body = wb.converse_body("Hi", usage=USAGE, latency_ms=5)
+    with bedrock([wb.converse_reply(body)]) as (client, _):
+        time.sleep(0.2)
+        client.converse(modelId=MODEL, messages=MESSAGES)
+    span = otel.span()
+    assert span.end_time is not None and span.start_time is not None
+    assert (span.end_time - span.start_time) / 1e9 < 0.2
+
+
+# --- every body format -------------------------------------------------------------------------------------------
+
+FORMAT_OPERATIONS = {
+    "claude-messages": sc.OP_CHAT, "claude-text": sc.OP_TEXT_COMPLETION, "llama": sc.OP_TEXT_COMPLETION,
+    "titan": sc.OP_TEXT_COMPLETION, "nova": sc.OP_CHAT, "cohere-generate": sc.OP_TEXT_COMPLETION,
+    "cohere-chat": sc.OP_CHAT, "mistral": sc.OP_TEXT_COMPLETION, "mistral-chat": sc.OP_CHAT,
+}
+FORMAT_USAGE = wb.Tokens(input=9, output=4)
+CAPTURE = {"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "SPAN_ONLY"}
+
+
+def format_ids(fmt: wb.Format) -> str:
+    return fmt.name
+
+
+def output_text(attrs: Any) -> str:
+    text: str = json.loads(attrs[sc.OUTPUT_MESSAGES])[0]["parts"][0]["content"]
+    return text
+
+
+@pytest.mark.parametrize("with_headers", [True, False], ids=["with-headers", "body-only"])
+@pytest.mark.parametrize("fmt", wb.FORMATS, ids=format_ids)
+def test_invoke_model_reads_every_body_format(instrument: Instrument, fmt: wb.Format, with_headers: bool) -> None:
+    captured = instrument(**CAPTURE)
+    headers = wb.invocation_headers(FORMAT_USAGE, latency_ms=250) if with_headers else None
+    with bedrock([wb.invoke_reply(fmt.body(TOKENS, FORMAT_USAGE), headers)]) as (client, _):
+        response = client.invoke_model(modelId=fmt.model_id, body=json.dumps(fmt.request("Say hello")))
+        assert json.loads(response["body"].read()) == fmt.body(TOKENS, FORMAT_USAGE)
+
+    attrs = attributes(captured.span())
+    assert attrs[sc.OPERATION_NAME] == FORMAT_OPERATIONS[fmt.name]
+    assert attrs[sc.REQUEST_TEMPERATURE] == 0.5
+    assert attrs[sc.REQUEST_MAX_TOKENS] in (100, 128, 200, 256)
+    assert "Say hello" in attrs[sc.INPUT_MESSAGES]
+    assert attrs[sc.PROMPT_LENGTH] >= len("Say hello")
+    assert attrs[sc.RESPONSE_FINISH_REASONS] == (fmt.stop_reason,)
+    assert output_text(attrs) == "".join(TOKENS)
+    known = with_headers or fmt.usage_in_body  # unknown stays unset
+    assert (attrs.get(sc.USAGE_INPUT_TOKENS), attrs.get(sc.USAGE_OUTPUT_TOKENS)) == ((9, 4) if known else (None, None))
+    assert attrs.get(sc.PROVIDER_LATENCY) == (0.25 if with_headers else None)
+
+
+@pytest.mark.parametrize("with_metrics", [True, False], ids=["with-metrics", "chunks-only"])
+@pytest.mark.parametrize("fmt", wb.FORMATS, ids=format_ids)
+def test_invoke_model_stream_reads_every_chunk_format(instrument: Instrument, fmt: wb.Format,
+                                                      with_metrics: bool) -> None:
+    captured = instrument(**CAPTURE)
+    chunks = fmt.stream(TOKENS, FORMAT_USAGE)
+    metrics = wb.invocation_metrics(FORMAT_USAGE, latency_ms=480, first_byte_ms=120) if with_metrics else None
+    with bedrock([wb.stream_reply(wb.invoke_stream(chunks, metrics))]) as (client, _):
+        response = client.invoke_model_with_response_stream(modelId=fmt.model_id,
+                                                            body=json.dumps(fmt.request("Say hello")))
+        received = [payload(event) for event in response["body"]]
+    assert received == wb.with_invocation_metrics(chunks, metrics)
+
+    attrs = attributes(captured.span())
+    assert attrs[sc.OPERATION_NAME] == FORMAT_OPERATIONS[fmt.name]
+    assert attrs[sc.CONTENT_CHUNKS] == len(TOKENS)
+    assert attrs[sc.RESPONSE_TIME_TO_FIRST_CHUNK] > 0
+    assert attrs[sc.RESPONSE_FINISH_REASONS] == (fmt.stop_reason,)
+    assert output_text(attrs) == "".join(TOKENS)
+    known = with_metrics or fmt.usage_in_body
+    assert (attrs.get(sc.USAGE_INPUT_TOKENS), attrs.get(sc.USAGE_OUTPUT_TOKENS)) == ((9, 4) if known else (None, None))
+    assert attrs.get(sc.PROVIDER_LATENCY) == (0.48 if with_metrics else None)
+    assert attrs.get(sc.PROVIDER_TIME_TO_FIRST_BYTE) == (0.12 if with_metrics else None)
+
+
+def test_invoke_model_of_an_embedding_model_is_an_embeddings_operation(otel: Captured) -> None:
+    usage = wb.Tokens(input=6, output=0)
+    reply = wb.invoke_reply({"embedding": [0.1, -0.2], "inputTextTokenCount": 6},
+                            wb.invocation_headers(usage, latency_ms=40))
+    with bedrock([reply]) as (client, _):
+        client.invoke_model(modelId="amazon.titan-embed-text-v2:0", body=json.dumps({"inputText": "hello there"}))
+    span = otel.span()
+    attrs = attributes(span)
+    assert span.name == "embeddings amazon.titan-embed-text-v2:0"
+    assert (attrs[sc.OPERATION_NAME], attrs[sc.PROMPT_LENGTH]) == (sc.OP_EMBEDDINGS, len("hello there"))
+    assert (attrs[sc.USAGE_INPUT_TOKENS], attrs[sc.PROVIDER_LATENCY]) == (6, 0.04)
+
+
+# --- every way a stream finishes, exactly once ---------------------------------------------------------------------
+
+
+def assert_finished(otel: Captured, error_type: str | None) -> None:
+    span = otel.span()  # exactly one span: the operation finished once
+    attrs = attributes(span)
+    assert attrs.get(sc.ERROR_TYPE) == error_type
+    assert span.status.status_code is (StatusCode.ERROR if error_type else StatusCode.UNSET)
+    duration = otel.point(sc.STABLE_NAMES.duration.name)
+    assert duration.count == 1
+    assert duration.attributes.get(sc.ERROR_TYPE) == error_type
+
+
+@pytest.mark.parametrize("call", STREAM_CALLS, ids=stream_ids)
+def test_exhausted_stream_finishes_without_error(otel: Captured, call: StreamCall) -> None:
+    with bedrock([wb.stream_reply(call.events(TOKENS, USAGE, None))]) as (client, _):
+        response = call.start(client)
+        events = list(response[call.key])
+        response[call.key].close()  # closing after the end changes nothing
+    assert len(events) == len(call.events(TOKENS, USAGE, None))
+    assert_finished(otel, None)
+    attrs = attributes(otel.span())
+    assert attrs[sc.CONTENT_CHUNKS] == 3 and attrs[sc.USAGE_OUTPUT_TOKENS] == USAGE.output
+
+
+@pytest.mark.parametrize("call", STREAM_CALLS, ids=stream_ids)
+def test_break_then_close_is_cancelled(otel: Captured, call: StreamCall) -> None:
+    reply = wb.stream_reply(call.events(TOKENS, USAGE, None), delays=[0.0] * (call.leading + 1) + [0.01, 0.01])
+    with bedrock([reply]) as (client, _):
+        response = call.start(client)
+        stream = response[call.key]
+        for event in stream:
+            if call.is_content(event):
+                break
+        assert otel.spans() == []  # still open: the caller may come back to it
+        stream.close()
+    assert_finished(otel, sc.ERROR_CANCELLED)
+    assert attributes(otel.span())[sc.CONTENT_CHUNKS] == 1
+    # what was measured before the close is kept
+    assert otel.point(sc.STABLE_NAMES.time_to_first_chunk.name).count == 1
+
+
+@pytest.mark.parametrize("call", STREAM_CALLS, ids=stream_ids)
+def test_exception_event_mid_stream_passes_through_under_its_code(otel: Captured, call: StreamCall) -> None:
+    error = wb.exception(call.exception_type, "The model stopped answering.")
+    with bedrock([wb.stream_reply(call.events(TOKENS[:2], USAGE, error))]) as (client, _):
+        response = call.start(client)
+        received = []
+        with pytest.raises(EventStreamError) as raised:
+            for event in response[call.key]:
+                received.append(event)
+    assert len(received) == call.leading + 2
+    assert raised.value.response["Error"] == {"Code": call.exception_type, "Message": "The model stopped answering."}
+    code = call.exception_type[0].upper() + call.exception_type[1:]  # throttlingException -> ThrottlingException
+    assert_finished(otel, code)
+    span = otel.span()
+    assert attributes(span)[sc.CONTENT_CHUNKS] == 2
+    assert [e.name for e in span.events] == ["exception"]
+    assert span.events[0].attributes["exception.type"] == "botocore.exceptions.EventStreamError"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("call", STREAM_CALLS, ids=stream_ids)
+def test_connection_lost_mid_stream_is_recorded_by_class_name(otel: Captured, call: StreamCall) -> None:
+    reply = wb.stream_reply(call.events(TOKENS, USAGE, None), drop_after=call.leading + 2)
+    with bedrock([reply]) as (client, _):
+        response = call.start(client)
+        with pytest.raises(ProtocolError):
+            list(response[call.key])
+    assert_finished(otel, "ProtocolError")
+    assert attributes(otel.span())[sc.CONTENT_CHUNKS] == 2
+
+
+@pytest.mark.parametrize("call", STREAM_CALLS, ids=stream_ids)
+def test_abandoned_stream_finishes_when_collected(otel: Captured, call: StreamCall) -> None:
+    reply = wb.stream_reply(call.events(TOKENS, USAGE, None), delays=[0.0] * call.leading + [0.02])
+    with bedrock([reply]) as (client, _):
+        response = call.start(client)
+        stream = iter(response[call.key])
+        for _ in range(call.leading + 1):  # up to the first token
+            next(stream)
+        del response, stream
+        gc.collect()
+        assert_finished(otel, sc.ERROR_ABANDONED)
+    span = otel.span()
+    # ended where activity was last seen, not when the collector ran
+    ttfc = attributes(span)[sc.RESPONSE_TIME_TO_FIRST_CHUNK]
+    assert span.end_time is not None and span.start_time is not None
+    assert (span.end_time - span.start_time) / 1e9 == pytest.approx(ttfc, abs=1e-6)
+
+
+# --- errors ------------------------------------------------------------------------------------------------------
+
+
+def test_throttling_retries_stay_in_one_span_and_the_code_is_the_error_type(otel: Captured) -> None:
+    with bedrock([wb.throttled(), wb.throttled()], attempts=2) as (client, server):
+        with pytest.raises(client.exceptions.ThrottlingException) as raised:
+            client.converse(modelId=MODEL, messages=MESSAGES)
+        assert len(server.requests) == 2
+    assert raised.value.response["ResponseMetadata"]["HTTPStatusCode"] == 429
+    span = otel.span()  # one span for the operation, botocore's retry inside it
+    attrs = attributes(span)
+    assert span.status.status_code is StatusCode.ERROR
+    assert attrs[sc.ERROR_TYPE] == "ThrottlingException" and attrs[sc.ERROR_TYPE] in sc.RATE_LIMIT_ERROR_TYPES
+    assert attrs[sc.RETRIES] == 1
+    assert otel.point(sc.STABLE_NAMES.duration.name).attributes[sc.ERROR_TYPE] == "ThrottlingException"
+    assert raised.value.__cause__ is None  # botocore's own exception, not one of ours
+
+
+def test_a_retry_that_succeeds_is_one_ok_span(otel: Captured) -> None:
+    body = wb.converse_body("Hi", usage=USAGE, latency_ms=5)
+    with bedrock([wb.throttled(), wb.converse_reply(body)], attempts=2) as (client, server):
+        client.converse(modelId=MODEL, messages=MESSAGES)
+        assert len(server.requests) == 2
+    attrs = attributes(otel.span())
+    assert attrs[sc.RETRIES] == 1
+    assert sc.ERROR_TYPE not in attrs
+
+
+@pytest.mark.parametrize(("status", "code", "error_class"), [
+    (408, "ModelTimeoutException", "ModelTimeoutException"),
+    (400, "ValidationException", "ValidationException"),
+    # not in the service model: botocore raises a bare ClientError, the code still names the error
+    (403, "UnrecognizedClientException", "ClientError"),
+])
+def test_error_responses_are_recorded_under_their_code(otel: Captured, status: int, code: str,
+                                                       error_class: str) -> None:
+    with bedrock([wb.error_reply(status, code, "no")]) as (client, _), pytest.raises(ClientError) as raised:
+        client.invoke_model_with_response_stream(modelId=MODEL, body=json.dumps(CLAUDE.request("Hi")))
+    assert type(raised.value).__name__ == error_class
+    assert_finished(otel, code)
+
+
+# --- promises to the application -----------------------------------------------------------------------------------
+
+
+def converse_once(server: wire.LoopbackServer, client: Any) -> None:
+    server.push(wb.converse_reply(wb.converse_body("Hi", usage=USAGE, latency_ms=5)))
+    client.converse(modelId=MODEL, messages=MESSAGES)
+
+
+def test_clients_made_before_and_after_instrument_are_covered_and_uninstrument_is_exact(
+        instrument: Instrument) -> None:
+    targets = [(botocore.client.BaseClient, "_make_api_call"), (botocore.endpoint, "convert_to_response_dict"),
+               (botocore.endpoint.Endpoint, "_needs_retry")]
+    originals = [vars(owner)[name] for owner, name in targets]
+    with wire.LoopbackServer() as server:
+        before = wb.client(server)
+        captured = instrument()
+        after = wb.client(server)
+        assert all(isinstance(vars(owner)[name], wrapt.FunctionWrapper) for owner, name in targets)
+        converse_once(server, before)
+        converse_once(server, after)
+        assert len(captured.spans()) == 2
+        otel_llm.uninstrument()
+        assert [vars(owner)[name] for owner, name in targets] == originals
+        converse_once(server, before)
+    assert len(captured.spans()) == 2
+    assert [t.attribute for t in bedrock_adapter.PROVIDER.targets] == [
+        "BaseClient._make_api_call", "convert_to_response_dict", "Endpoint._needs_retry"]
+
+
+def test_other_services_and_operations_pass_through_untouched(otel: Captured) -> None:
+    replies = [wire.Reply.json({"modelSummaries": []}), wire.Reply.json({"inputTokens": 7})]
+    with wire.LoopbackServer(replies) as server:
+        models = wb.client(server, service="bedrock").list_foundation_models()  # the control plane, same protocol
+        counted = wb.client(server).count_tokens(modelId=MODEL, input={"converse": {"messages": MESSAGES}})
+    assert models["modelSummaries"] == [] and counted["inputTokens"] == 7
+    assert otel.spans() == []
+    assert otel.points(sc.STABLE_NAMES.duration.name) == []
+
+
+def test_the_caller_gets_what_boto3_gives_without_us(instrument: Instrument) -> None:
+    def calls(client: Any) -> list[Any]:
+        converse = client.converse(modelId=MODEL, messages=MESSAGES)
+        stream = client.converse_stream(modelId=MODEL, messages=MESSAGES)
+        invoked = client.invoke_model(modelId=MODEL, body=json.dumps(CLAUDE.request("Hi")))
+        streamed = client.invoke_model_with_response_stream(modelId=MODEL, body=json.dumps(CLAUDE.request("Hi")))
+        results = [converse, stream, invoked, streamed]
+        for result in results:
+            result["ResponseMetadata"]["HTTPHeaders"].pop("date")
+        return [converse, {**stream, "stream": list(stream["stream"])},
+                {**invoked, "body": invoked["body"].read()}, {**streamed, "body": list(streamed["body"])}]
+
+    def replies() -> list[wire.Reply]:
+        return [wb.converse_reply(wb.converse_body("Hi", usage=USAGE, latency_ms=5)),
+                wb.stream_reply(CONVERSE_STREAM.events(TOKENS, USAGE, None)),
+                wb.invoke_reply(CLAUDE.body(TOKENS, USAGE), wb.invocation_headers(USAGE, latency_ms=9)),
+                wb.stream_reply(INVOKE_CLAUDE_STREAM.events(TOKENS, USAGE, None))]
+
+    with bedrock(replies()) as (client, _):
+        without = calls(client)
+    captured = instrument()
+    with bedrock(replies()) as (client, _):
+        assert calls(client) == without
+    assert len(captured.spans()) == 4
+
+
+def test_span_is_current_only_while_botocore_sends(otel: Captured) -> None:
+    seen_by_botocore = []
+    with bedrock([wb.stream_reply(CONVERSE_STREAM.events(TOKENS, USAGE, None))]) as (client, _):
+        client.meta.events.register(
+            "before-send.bedrock-runtime.ConverseStream",
+            lambda **kwargs: seen_by_botocore.append(trace.get_current_span().get_span_context().span_id))
+        tracer = otel.tracer_provider.get_tracer("app")
+        with tracer.start_as_current_span("handler") as outer:
+            response = CONVERSE_STREAM.start(client)
+            assert trace.get_current_span() is outer  # not leaked into the caller's code
+            list(response["stream"])
+    llm = next(s for s in otel.spans() if s.name == f"chat {MODEL}")
+    assert seen_by_botocore == [llm.context.span_id]  # an HTTP client span would be its child
+    assert llm.parent is not None and llm.parent.span_id == outer.get_span_context().span_id
+
+
+def test_our_failure_on_an_odd_chunk_is_swallowed_and_logged_once(
+        otel: Captured, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(_safety, "strict", False)
+    monkeypatch.setattr(_safety, "_reported", set())
+    odd = wb.event("chunk", {"bytes": "bm90IGpzb24="})  # base64 of "not json": the model's JSON is not JSON
+    events = INVOKE_LLAMA_STREAM.events(TOKENS, USAGE, None)
+    with bedrock([wb.stream_reply([events[0], odd, odd, *events[1:]])]) as (client, _), \
+            caplog.at_level(logging.WARNING, logger="otel_llm"):
+        received = list(INVOKE_LLAMA_STREAM.start(client)["body"])
+    assert len(received) == len(events) + 2  # every event reached the caller
+    assert [r.message for r in caplog.records].count(
+        "otel_llm: internal failure in stream chunk; telemetry for this call is incomplete") == 1
+    assert otel.span().status.status_code is StatusCode.UNSET
+
+
+def test_unsampled_tracer_still_records_metrics(instrument: Instrument) -> None:
+    captured = instrument(sampler=ALWAYS_OFF)
+    with bedrock([wb.stream_reply(CONVERSE_STREAM.events(TOKENS, USAGE, None))]) as (client, _):
+        list(CONVERSE_STREAM.start(client)["stream"])
+    assert captured.spans() == []
+    assert captured.point(sc.STABLE_NAMES.time_to_first_chunk.name).count == 1
+
+
+def test_no_content_and_no_credentials_by_default(otel: Captured) -> None:
+    with bedrock([wb.stream_reply(CONVERSE_STREAM.events(TOKENS, USAGE, None))]) as (client, _):
+        list(client.converse_stream(modelId=MODEL, messages=[{"role": "user", "content": [{"text": "my plan"}]}])[
+            "stream"])
+    recorded = json.dumps({**attributes(otel.span())}, default=str)
+    recorded += json.dumps([dict(p.attributes) for points in otel.metrics().values() for p in points])
+    assert "my plan" not in recorded and "Hel" not in recorded
+    assert "Credential" not in recorded and "Signature" not in recorded
