@@ -56,8 +56,9 @@ class Operation:
     output_text: list[str] | None = None
     retries: int = 0
     retry_after: float | None = None
-    # resource -> (remaining, limit); either may be unknown
+    # resource -> (remaining, limit); either may be unknown; and when the response that told them arrived
     rate_limits: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
+    rate_limits_ns: int = 0
     # further span attributes the response told (named via _semconv by the adapter), e.g. the provider's own latency
     attributes: dict[str, Any] = field(default_factory=dict)
     # outcome

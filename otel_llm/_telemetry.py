@@ -64,9 +64,10 @@ class Telemetry:
         self._tpot = histogram(names.time_per_output_token)
         self._prompt_length = histogram(names.prompt_length)
         # rate-limit headroom changes on every response but is read once per export: keep the latest values
-        # here (a dict store per response) and let the SDK observe them when it collects
-        self._remaining: dict[frozenset[tuple[str, Any]], float] = {}
-        self._limits: dict[frozenset[tuple[str, Any]], float] = {}
+        # here (a dict store per operation) and let the SDK observe them when it collects. Latest by the time the
+        # response arrived, not the time its operation finished: a long stream must not overwrite newer 429s.
+        self._remaining: dict[frozenset[tuple[str, Any]], tuple[float, int]] = {}
+        self._limits: dict[frozenset[tuple[str, Any]], tuple[float, int]] = {}
         for instrument, latest in ((names.rate_limit_remaining, self._remaining),
                                    (names.rate_limit_limit, self._limits)):
             meter.create_observable_gauge(instrument.name, callbacks=[_observe_latest(latest)], unit=instrument.unit,
@@ -191,10 +192,9 @@ class Telemetry:
         # rate-limit gauges describe the endpoint and model, not one call's outcome
         for resource, (remaining, limit) in op.rate_limits.items():
             key = frozenset((*attributes.items(), (sc.RATE_LIMIT_RESOURCE, resource)))
-            if remaining is not None:
-                self._remaining[key] = remaining
-            if limit is not None:
-                self._limits[key] = limit
+            for value, latest in ((remaining, self._remaining), (limit, self._limits)):
+                if value is not None and op.rate_limits_ns >= latest.get(key, (0.0, 0))[1]:
+                    latest[key] = (value, op.rate_limits_ns)
         if op.response_model is not None:
             attributes[sc.RESPONSE_MODEL] = op.response_model
         if op.error_type is not None:
@@ -233,10 +233,10 @@ class Telemetry:
                 counter.add(count, attributes, context=ctx)
 
 
-def _observe_latest(latest: dict[frozenset[tuple[str, Any]], float]) -> Callable[[CallbackOptions],
-                                                                                 Iterable[Observation]]:
+def _observe_latest(latest: dict[frozenset[tuple[str, Any]], tuple[float, int]]) -> Callable[
+        [CallbackOptions], Iterable[Observation]]:
     def observe(options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(value, dict(key)) for key, value in list(latest.items())]
+        return [Observation(value, dict(key)) for key, (value, _) in list(latest.items())]
 
     return observe
 

@@ -257,3 +257,14 @@ def test_stream_seen_by_caller_is_identical_with_and_without_us(instrument: Inst
     without = read_all()
     instrument()
     assert read_all() == without
+
+
+def test_rate_limit_gauges_keep_the_newest_response_not_the_last_to_finish(otel: Captured) -> None:
+    early = wire.Reply.stream(wire.chat_stream(TOKENS), headers=wire.openai_ratelimit_headers(500, 100, 9000, 900))
+    late = wire.Reply.json(wire.chat_completion_body("pq"), headers=wire.openai_ratelimit_headers(500, 50, 9000, 500))
+    client, _ = sync_client([early, late])
+    stream = client.chat.completions.create(model="m", messages=MESSAGES, stream=True)  # headers: 100 left
+    client.chat.completions.create(model="m", messages=MESSAGES)  # a later response: 50 left; finishes first
+    list(stream)  # the stream finishes last, with the older headers
+    remaining = otel.point(sc.STABLE_NAMES.rate_limit_remaining.name, otel_llm__rate_limit__resource="requests")
+    assert remaining.value == 50

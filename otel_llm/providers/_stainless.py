@@ -35,6 +35,7 @@ class ResponseHeaders:
                     found[name] = float(value)
         if not found:
             return
+        op.rate_limits_ns = time.perf_counter_ns()
         for resource, remaining_key, limit_key in self._rate_limits:
             remaining, limit = found.get(remaining_key), found.get(limit_key)
             if remaining is not None or limit is not None:
