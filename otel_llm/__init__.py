@@ -3,7 +3,7 @@
     import otel_llm
     otel_llm.instrument()
 
-Every call made through a supported client (openai) then emits one CLIENT span and the GenAI metrics: operation
+Every call made through a supported client (openai, anthropic, boto3 bedrock-runtime) then emits one CLIENT span and the GenAI metrics: operation
 duration, time to first chunk, time per output chunk and per output token, token usage, prompt length and
 rate-limit headroom. Zero-code: ``opentelemetry-instrument python app.py``.
 
