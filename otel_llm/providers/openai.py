@@ -149,6 +149,15 @@ def _read_chat_usage(op: Operation, usage: Any) -> None:
         op.reasoning_tokens = details.reasoning_tokens
 
 
+def _read_completion(op: Operation, result: Any) -> None:
+    """A whole chat completion or legacy completion: ids, finish reasons, usage."""
+    op.response_id = result.id
+    op.response_model = result.model
+    op.finish_reasons = [choice.finish_reason for choice in result.choices if choice.finish_reason]
+    if result.usage is not None:
+        _read_chat_usage(op, result.usage)
+
+
 def _usage_chunk(op: Operation, chunk: Any) -> int:
     """A chunk without choices: the usage chunk at the end of a stream (hidden when we asked for it), or nothing."""
     usage = chunk.usage
@@ -253,11 +262,7 @@ class _ChatCompletions(_Endpoint):
     stream_usage = True
 
     def read(self, op: Operation, result: Any) -> None:
-        op.response_id = result.id
-        op.response_model = result.model
-        op.finish_reasons = [choice.finish_reason for choice in result.choices if choice.finish_reason]
-        if result.usage is not None:
-            _read_chat_usage(op, result.usage)
+        _read_completion(op, result)
         if op.output_text is not None and result.choices:
             op.output_text.append(result.choices[0].message.content or "")
 
@@ -310,11 +315,7 @@ class _Completions(_Endpoint):
     stream_usage = True
 
     def read(self, op: Operation, result: Any) -> None:
-        op.response_id = result.id
-        op.response_model = result.model
-        op.finish_reasons = [choice.finish_reason for choice in result.choices if choice.finish_reason]
-        if result.usage is not None:
-            _read_chat_usage(op, result.usage)
+        _read_completion(op, result)
 
     def observe(self, op: Operation, chunk: Any) -> int:
         choices = chunk.choices
