@@ -1,9 +1,12 @@
-"""A built-in LLM server on loopback: the OpenAI chat-completions wire, a serving-engine latency model, ground truth.
+"""A built-in LLM server on loopback: the OpenAI chat-completions and Bedrock Claude wires, a serving-engine latency
+model, ground truth.
 
 Use it to watch otel_llm work without an API key, and to compare what a client measured with what the server did::
 
     with Simulator(seed=1) as sim:
         client = openai.OpenAI(base_url=sim.base_url, api_key="sim")
+        bedrock = boto3.client("bedrock-runtime", endpoint_url=sim.endpoint_url, region_name="us-east-1",
+                               aws_access_key_id="sim", aws_secret_access_key="sim")
         ...
         print(summarize(sim.truth()).ttft.p99)
 
@@ -13,6 +16,17 @@ usage-only chunk with ``choices: []`` when ``stream_options.include_usage`` is t
 ``GET /v1/models`` lists the served models. HTTP/1.1 with keep-alive and chunked transfer encoding, served by an
 asyncio event loop in one daemon thread. Unknown models get 404 ``model_not_found``; with ``api_key`` set, a wrong
 bearer token gets 401 ``invalid_api_key``.
+
+Bedrock runtime: ``POST /model/{modelId}/invoke`` and ``/model/{modelId}/invoke-with-response-stream`` take the
+Anthropic Claude messages body (``anthropic_version`` ``"bedrock-2023-05-31"``, ``messages``, required
+``max_tokens``, optional ``system``), the model id being one of the served models. The stream is AWS event-stream
+``chunk`` messages, each holding one Claude stream event's JSON in base64: ``message_start`` and
+``content_block_start``, one ``content_block_delta`` per output token, ``content_block_stop``, ``message_delta``
+with ``stop_reason`` and output tokens, and ``message_stop`` carrying ``amazon-bedrock-invocationMetrics`` (token
+counts; ``firstByteLatency`` and ``invocationLatency`` in whole ms from the truth marks). The plain answer is a
+Claude message with the ``x-amzn-bedrock-*-token-count`` and ``-invocation-latency`` headers. Errors come as
+Bedrock's (``x-amzn-ErrorType``): ``ValidationException`` for a bad body or unknown model, ``ThrottlingException``
+(429) when a rate limit is hit. Requests are not authenticated: any SigV4 signature is accepted.
 
 Latency model (every parameter is a field of `EngineConfig`):
 
@@ -26,34 +40,37 @@ Latency model (every parameter is a field of `EngineConfig`):
 - Token ``i + 1`` is due ``tpot_base_s * slowdown(n)`` after token ``i`` was due, ``n`` counted at token ``i``,
   so time per output token follows the batch as it changes. Deadlines are absolute: timer lateness (about 1 ms
   on epoll) does not accumulate.
-- Prompt tokens = ceil(characters of message text / ``chars_per_token``). Output tokens = the request's
+- Prompt tokens = ceil(characters of message and system text / ``chars_per_token``). Output tokens = the request's
   ``max_completion_tokens`` or ``max_tokens`` (``finish_reason`` ``"length"``; above ``max_output_tokens`` is a
   400), else a log-normal draw with median ``output_tokens_median`` and shape ``output_tokens_sigma``, clipped to
-  ``[1, max_output_tokens]`` (``finish_reason`` ``"stop"``).
+  ``[1, max_output_tokens]`` (``finish_reason`` ``"stop"``). Claude requires ``max_tokens``, so on Bedrock it caps
+  the draw instead (``stop_reason`` ``"max_tokens"`` when it cut the draw short, else ``"end_turn"``).
 - Rate limits: token buckets holding ``requests_per_minute`` and ``tokens_per_minute`` (``None`` disables one),
   full at start and refilled continuously. A request costs 1 request and prompt + output tokens; when a bucket
   lacks that, the answer is 429 with an OpenAI-style error body, ``retry-after`` (whole seconds, rounded up) and
   ``retry-after-ms``. Every answer to a chat request carries ``x-ratelimit-limit-*``, ``x-ratelimit-remaining-*``
   and ``x-ratelimit-reset-*`` for ``requests`` and ``tokens`` (reset = time until the bucket is full again).
-- Response headers and the role-only chunk go out as soon as a request is admitted, before it queues, so a client
-  that takes the role chunk for its first token measures visibly less than the true TTFT.
+- Response headers and the role-only chunk (on Bedrock: ``message_start`` and ``content_block_start``) go out as
+  soon as a request is admitted, before it queues, so a client that takes them for its first token measures
+  visibly less than the true TTFT.
 
 Randomness: the k-th chat request to arrive (k counts from 0) draws everything (heavy tail, output length, text,
 completion id) from ``random.Random(f"{seed}/{k}")``; the same seed and arrival order give the same draws.
 
-Ground truth: each chat request answered 200, 429 or 499 (client went away mid-response) leaves a `TruthRecord` with
-`time.perf_counter_ns` marks, the clock an in-process client uses: arrival of the request head, each content chunk
-just before it goes to the socket, the end of the response. `summarize` gives exact percentiles (`percentile`).
-A client in the same process shares the GIL with the server thread: its TTFT runs from before the request is sent
-to after the chunk is parsed, so it exceeds the truth by the client's own work (openai 3.x: about 1-1.6 ms to build
-a request) plus a few tenths of a millisecond of transfer, more when either thread waits for the other. A client
-that keeps the CPU busy also makes the server's timers fire late: records stay exact, but latencies then exceed
-the model's nominal values.
+Ground truth: each chat request on either wire answered 200, 429 or 499 (client went away mid-response) leaves a
+`TruthRecord` with `time.perf_counter_ns` marks, the clock an in-process client uses: arrival of the request head,
+each content chunk just before it goes to the socket, the end of the response. `summarize` gives exact percentiles
+(`percentile`). A client in the same process shares the GIL with the server thread: its TTFT runs from before the
+request is sent to after the chunk is parsed, so it exceeds the truth by the client's own work (openai 3.x: about
+1-1.6 ms to build a request) plus a few tenths of a millisecond of transfer, more when either thread waits for the
+other. A client that keeps the CPU busy also makes the server's timers fire late: records stay exact, but latencies
+then exceed the model's nominal values.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import json
 import math
@@ -61,13 +78,17 @@ import random
 import socket
 import threading
 import time
+import urllib.parse
+import uuid
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 from itertools import pairwise
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
+
+from otel_llm import _eventstream
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -85,6 +106,9 @@ DEFAULT_MODEL = "otel-llm-sim"
 _HOST = "127.0.0.1"
 _FINGERPRINT = "fp_otelllmsim"
 _RATE_LIMIT_DOCS = "Visit https://platform.openai.com/account/rate-limits to learn more."
+_BEDROCK_ANTHROPIC_VERSION = "bedrock-2023-05-31"
+# Bedrock pads each event with a random-length "p" string so sizes do not give the content away; a fixed one here
+_PADDING = b"abcdefghijklmnopqrstuvwxyzABCDEF"
 
 _WORDS = """
 the a of to and in is that for it as with on be by this are from at or an which model we can not have more time
@@ -142,7 +166,7 @@ class TruthRecord:
     """What the simulator did for one chat request. Times are `time.perf_counter_ns` values."""
 
     index: int  # arrival order; selects the request's random draws
-    request_id: str  # the completion id sent to the client
+    request_id: str  # the chat completion or Claude message id sent to the client
     model: str
     stream: bool
     status: int  # 200, 429, or 499 when the client went away mid-response
@@ -253,10 +277,10 @@ def summarize(records: Sequence[TruthRecord]) -> TruthSummary:
 
 
 class Simulator:
-    """The OpenAI-compatible simulated LLM server; see the module docstring. Runs once: start, then stop.
+    """The simulated LLM server (OpenAI and Bedrock wires); see the module docstring. Runs once: start, then stop.
 
     `seed` fixes the random draws, `port` 0 picks a free port, `models` are the model ids it serves, and `api_key`,
-    when set, is the only bearer token it accepts.
+    when set, is the only bearer token the OpenAI routes accept.
     """
 
     def __init__(
@@ -292,7 +316,13 @@ class Simulator:
 
     @property
     def base_url(self) -> str:
-        return f"http://{_HOST}:{self.port}/v1"
+        """The OpenAI client's ``base_url``."""
+        return f"{self.endpoint_url}/v1"
+
+    @property
+    def endpoint_url(self) -> str:
+        """The server's root: boto3's ``endpoint_url`` for the Bedrock routes."""
+        return f"http://{_HOST}:{self.port}"
 
     def start(self) -> Simulator:
         """Bind and serve from a daemon thread; returns once the port accepts connections."""
@@ -401,11 +431,15 @@ class Simulator:
         keep_alive = headers.get("connection", "").lower() != "close"
         request = _Request(body, received_ns, keep_alive)
 
-        if self._api_key is not None and headers.get("authorization") != f"Bearer {self._api_key}":
+        bedrock = _bedrock_route(path) if method == "POST" else None
+        wrong_key = self._api_key is not None and headers.get("authorization") != f"Bearer {self._api_key}"
+        if wrong_key and path.startswith("/v1/"):
             message = "Incorrect API key provided. Find your API key at https://platform.openai.com/account/api-keys."
             await _send_json(writer, 401, _error(message, "invalid_request_error", "invalid_api_key"), [], keep_alive)
         elif (method, path) == ("POST", "/v1/chat/completions"):
             await self._chat(writer, request)
+        elif bedrock is not None:
+            await self._invoke(writer, request, *bedrock)
         elif (method, path) == ("GET", "/v1/models"):
             data = [{"id": model, "object": "model", "created": 0, "owned_by": "otel-llm"} for model in self.models]
             await _send_json(writer, 200, {"object": "list", "data": data}, [], keep_alive)
@@ -419,21 +453,34 @@ class Simulator:
             payload: Any = json.loads(request.body)
             plan = self._plan(payload)
         except _BadRequest as exc:
-            await _send_json(writer, exc.status, exc.body, [], request.keep_alive)
+            await _send_json(writer, exc.status, exc.body, exc.headers, request.keep_alive)
             return
         except ValueError:
             message = "We could not parse the JSON body of your request. The OpenAI API expects a JSON payload."
             await _send_json(writer, 400, _error(message, "invalid_request_error"), [], request.keep_alive)
             return
+        await self._answer(writer, request, plan, _OPENAI)
 
+    async def _invoke(self, writer: asyncio.StreamWriter, request: _Request, model_id: str, stream: bool) -> None:
+        try:
+            plan = self._plan_claude(request.body, model_id, stream)
+        except _BadRequest as exc:
+            await _send_json(writer, exc.status, exc.body, exc.headers, request.keep_alive)
+            return
+        await self._answer(writer, request, plan, _BEDROCK)
+
+    async def _answer(self, writer: asyncio.StreamWriter, request: _Request, plan: _Plan, dialect: _Dialect) -> None:
+        """Rate limits, then queue, prefill and decode through the latency model, answering in `dialect`."""
         now = time.perf_counter_ns()
         rejection = self._limits.admit(plan.prompt_tokens + len(plan.tokens), now)
-        headers = [("x-request-id", f"req_{plan.completion_id[9:]}"), *self._limits.headers(now)]
+        headers = dialect.headers(plan, self._limits.headers(now))
         if rejection is not None:
-            await self._reject(writer, request, plan, rejection, headers)
+            self._record(plan, request, 429, 0, [], 0)
+            refusal = dialect.rejection(plan, rejection, headers)
+            await _send_json(writer, 429, refusal.body, refusal.headers, request.keep_alive)
             return
 
-        events = _EventStream(writer, plan) if plan.stream else None
+        events = dialect.stream(writer, plan, request.received_ns) if plan.stream else None
         written: list[int] = []
         queue_wait_ns = 0
         try:
@@ -454,9 +501,9 @@ class Simulator:
         if events is not None:
             await events.close()
         else:
-            await _send_json(writer, 200, _completion(plan), headers, request.keep_alive)
+            await dialect.reply(writer, plan, headers, request)
 
-    async def _generate(self, plan: _Plan, events: _EventStream | None, written: list[int]) -> None:
+    async def _generate(self, plan: _Plan, events: _TokenStream | None, written: list[int]) -> None:
         """Prefill, then decode token by token; when streaming, send each token and note its write time."""
         config = self.config
         prefill_s = config.prefill_base_s + config.prefill_per_token_s * plan.prompt_tokens
@@ -469,68 +516,90 @@ class Simulator:
                 written.append(await events.token(token_json))
             due_ns += round(config.tpot_base_s * config.slowdown(self._slots.busy) * 1e9)
 
-    async def _reject(
-        self,
-        writer: asyncio.StreamWriter,
-        request: _Request,
-        plan: _Plan,
-        rejection: tuple[_Bucket, int, float],
-        headers: list[tuple[str, str]],
-    ) -> None:
-        bucket, cost, wait_s = rejection
-        message = (
-            f"Rate limit reached for {plan.model} in organization org-otel-llm-sim on {bucket.label}: "
-            f"Limit {bucket.limit}, Used {bucket.limit - bucket.remaining}, Requested {cost}. "
-            f"Please try again in {_duration(wait_s)}. {_RATE_LIMIT_DOCS}"
-        )
-        retry = [("retry-after", str(math.ceil(wait_s))), ("retry-after-ms", str(math.ceil(wait_s * 1000)))]
-        body = _error(message, bucket.resource, "rate_limit_exceeded")
-        self._record(plan, request, 429, 0, [], 0)
-        await _send_json(writer, 429, body, [*retry, *headers], request.keep_alive)
-
     def _plan(self, payload: Any) -> _Plan:
         """Validate a chat request and make the draws for it."""
         if not isinstance(payload, dict):
-            raise _BadRequest(400, "The request body must be a JSON object.")
+            raise _invalid(400, "The request body must be a JSON object.")
         model, messages = payload.get("model"), payload.get("messages")
         if not isinstance(model, str):
-            raise _BadRequest(400, "you must provide a model parameter", "model")
+            raise _invalid(400, "you must provide a model parameter", "model")
         if not isinstance(messages, list) or not messages:
-            raise _BadRequest(400, "'messages' must be a non-empty array.", "messages")
+            raise _invalid(400, "'messages' must be a non-empty array.", "messages")
         if model not in self.models:
-            raise _BadRequest(
+            raise _invalid(
                 404, f"The model `{model}` does not exist or you do not have access to it.", None, "model_not_found"
             )
         if payload.get("n") not in (None, 1):
-            raise _BadRequest(400, "The simulator supports n=1 only.", "n")
+            raise _invalid(400, "The simulator supports n=1 only.", "n")
         max_tokens = payload.get("max_completion_tokens", payload.get("max_tokens"))
         limit = self.config.max_output_tokens
         if max_tokens is not None and (type(max_tokens) is not int or not 1 <= max_tokens <= limit):
             message = f"max_tokens must be an integer from 1 to {limit}, got {max_tokens!r}."
-            raise _BadRequest(400, message, "max_tokens")
+            raise _invalid(400, message, "max_tokens")
         stream = payload.get("stream") is True
         options = payload.get("stream_options")
         include_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
+        return self._draw(model, _message_chars(messages), stream, include_usage, max_tokens, "chatcmpl-")
 
+    def _plan_claude(self, body: bytes, model_id: str, stream: bool) -> _Plan:
+        """Validate a Claude messages body sent to Bedrock and make the draws for it."""
+        if model_id not in self.models:
+            raise _bedrock_error(400, "ValidationException", "The provided model identifier is invalid.")
+        try:
+            payload: Any = json.loads(body)
+        except ValueError:
+            payload = None
+        if not isinstance(payload, dict):
+            raise _bedrock_error(400, "ValidationException", "Malformed input request: the body must be a JSON "
+                                 "object, please reformat your input and try again.")
+        if payload.get("anthropic_version") != _BEDROCK_ANTHROPIC_VERSION:
+            raise _bedrock_error(400, "ValidationException", f"Malformed input request: anthropic_version must be "
+                                 f"{_BEDROCK_ANTHROPIC_VERSION}, please reformat your input and try again.")
+        messages, max_tokens = payload.get("messages"), payload.get("max_tokens")
+        if not isinstance(messages, list) or not messages:
+            raise _bedrock_error(400, "ValidationException", "Malformed input request: messages must be a non-empty "
+                                 "array, please reformat your input and try again.")
+        limit = self.config.max_output_tokens
+        if type(max_tokens) is not int or not 1 <= max_tokens <= limit:
+            raise _bedrock_error(400, "ValidationException", f"Malformed input request: max_tokens must be an "
+                                 f"integer from 1 to {limit}, please reformat your input and try again.")
+        system = payload.get("system")
+        chars = _message_chars([{"content": system}, *messages])
+        return self._draw(model_id, chars, stream, False, max_tokens, "msg_bdrk_", max_tokens_caps=True)
+
+    def _draw(
+        self,
+        model: str,
+        prompt_chars: int,
+        stream: bool,
+        include_usage: bool,
+        max_tokens: int | None,
+        id_prefix: str,
+        *,
+        max_tokens_caps: bool = False,
+    ) -> _Plan:
+        """The next request's random draws. `max_tokens` is the output length (OpenAI) or, with `max_tokens_caps`,
+        a cap on the drawn length (Claude, where it is required)."""
         index, self._next_index = self._next_index, self._next_index + 1
         rng = random.Random(f"{self.seed}/{index}")
         slow = rng.random() < self.config.tail_probability
-        if max_tokens is None:
+        if max_tokens is None or max_tokens_caps:
             median, sigma = self.config.output_tokens_median, self.config.output_tokens_sigma
-            drawn = round(rng.lognormvariate(math.log(median), sigma))
-            output_tokens, finish_reason = min(max(drawn, 1), limit), "stop"
+            drawn = min(max(round(rng.lognormvariate(math.log(median), sigma)), 1), self.config.max_output_tokens)
+            cap = max_tokens or drawn
+            output_tokens, truncated = min(drawn, cap), drawn > cap
         else:
-            output_tokens, finish_reason = max_tokens, "length"
+            output_tokens, truncated = max_tokens, True
         return _Plan(
             index=index,
-            completion_id=f"chatcmpl-{rng.getrandbits(96):024x}",
+            response_id=f"{id_prefix}{rng.getrandbits(96):024x}",
             created=int(time.time()),
             model=model,
             stream=stream,
             include_usage=include_usage,
-            prompt_tokens=max(1, math.ceil(_message_chars(messages) / self.config.chars_per_token)),
+            prompt_tokens=max(1, math.ceil(prompt_chars / self.config.chars_per_token)),
             tokens=rng.choices(_TOKENS, k=output_tokens),
-            finish_reason=finish_reason,
+            truncated=truncated,
             slow=slow,
         )
 
@@ -540,7 +609,7 @@ class Simulator:
         self._records.append(
             TruthRecord(
                 index=plan.index,
-                request_id=plan.completion_id,
+                request_id=plan.response_id,
                 model=plan.model,
                 stream=plan.stream,
                 status=status,
@@ -567,19 +636,30 @@ class _Plan:
     """One chat request's parameters and its random draws."""
 
     index: int
-    completion_id: str
+    response_id: str  # chat completion id or Claude message id
     created: int
     model: str
     stream: bool
     include_usage: bool
     prompt_tokens: int
     tokens: list[tuple[str, bytes]]  # (text, JSON string) per output token
-    finish_reason: str
+    truncated: bool  # stopped by max_tokens
     slow: bool
+
+    @property
+    def finish_reason(self) -> str:
+        return "length" if self.truncated else "stop"
+
+    @property
+    def stop_reason(self) -> str:
+        return "max_tokens" if self.truncated else "end_turn"
+
+    def text(self) -> str:
+        return "".join(text for text, _ in self.tokens)
 
     def chunk_prefix(self) -> str:
         return (
-            f'{{"id":"{self.completion_id}","object":"chat.completion.chunk","created":{self.created},'
+            f'{{"id":"{self.response_id}","object":"chat.completion.chunk","created":{self.created},'
             f'"model":{json.dumps(self.model)},"service_tier":"default","system_fingerprint":"{_FINGERPRINT}",'
             '"choices":['
         )
@@ -603,8 +683,8 @@ class _Plan:
         }
 
 
-class _EventStream:
-    """One response's server-sent events; the bytes around each token are built once."""
+class _SseStream:
+    """One chat-completions response's server-sent events; the bytes around each token are built once."""
 
     def __init__(self, writer: asyncio.StreamWriter, plan: _Plan) -> None:
         self._writer = writer
@@ -643,11 +723,156 @@ class _EventStream:
         await self._writer.drain()
 
 
+class _TokenStream(Protocol):
+    async def open(self, headers: list[tuple[str, str]]) -> None:
+        """Response head and whatever precedes the first token."""
+
+    async def token(self, token_json: bytes) -> int:
+        """Send one token (its text as a JSON string); return its write time."""
+
+    async def close(self) -> None:
+        """Everything after the last token, and the end of the chunked body."""
+
+
+class _BedrockStream:
+    """One invoke-with-response-stream answer: Claude's stream events, each one's JSON base64-encoded in an
+    event-stream `chunk` message, Bedrock's invocation metrics merged into the last."""
+
+    def __init__(self, writer: asyncio.StreamWriter, plan: _Plan, received_ns: int) -> None:
+        self._writer = writer
+        self._plan = plan
+        self._received_ns = received_ns
+        self._first_ns: int | None = None
+
+    async def open(self, headers: list[tuple[str, str]]) -> None:
+        plan = self._plan
+        start = {"type": "message_start", "message": {**_claude_message(plan, []), "stop_reason": None,
+                                                        "usage": _claude_usage(plan, 1)}}
+        block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+        head = _response_head(200, [*_BEDROCK_STREAM_HEADERS, *headers])
+        self._writer.write(head + _frame(_claude_chunk(_compact(start))) + _frame(_claude_chunk(_compact(block))))
+        await self._writer.drain()
+
+    async def token(self, token_json: bytes) -> int:
+        delta = b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":%b}}' % token_json
+        chunk = _frame(_claude_chunk(delta))
+        written_ns = time.perf_counter_ns()  # stamped before the send, as in _SseStream.token
+        if self._first_ns is None:
+            self._first_ns = written_ns
+        self._writer.write(chunk)
+        await self._writer.drain()
+        return written_ns
+
+    async def close(self) -> None:
+        plan, now = self._plan, time.perf_counter_ns()
+        metrics = {
+            "inputTokenCount": plan.prompt_tokens,
+            "outputTokenCount": len(plan.tokens),
+            "invocationLatency": _ms_since(self._received_ns, now),
+            "firstByteLatency": _ms_since(self._received_ns, self._first_ns or now),
+        }
+        events = [
+            {"type": "content_block_stop", "index": 0},
+            {"type": "message_delta", "delta": {"stop_reason": plan.stop_reason, "stop_sequence": None},
+             "usage": {"output_tokens": len(plan.tokens)}},
+            {"type": "message_stop", "amazon-bedrock-invocationMetrics": metrics},
+        ]
+        self._writer.write(b"".join(_frame(_claude_chunk(_compact(event))) for event in events) + b"0\r\n\r\n")
+        await self._writer.drain()
+
+
+class _Dialect(Protocol):
+    """What one API spells its own way around the shared latency model."""
+
+    def headers(self, plan: _Plan, rate_limits: list[tuple[str, str]]) -> list[tuple[str, str]]: ...
+
+    def rejection(self, plan: _Plan, rejection: tuple[_Bucket, int, float], headers: list[tuple[str, str]]) -> (
+        _BadRequest
+    ): ...
+
+    def stream(self, writer: asyncio.StreamWriter, plan: _Plan, received_ns: int) -> _TokenStream: ...
+
+    async def reply(
+        self, writer: asyncio.StreamWriter, plan: _Plan, headers: list[tuple[str, str]], request: _Request
+    ) -> None: ...
+
+
+class _OpenAIDialect:
+    def headers(self, plan: _Plan, rate_limits: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        return [("x-request-id", f"req_{plan.response_id.removeprefix('chatcmpl-')}"), *rate_limits]
+
+    def rejection(
+        self, plan: _Plan, rejection: tuple[_Bucket, int, float], headers: list[tuple[str, str]]
+    ) -> _BadRequest:
+        bucket, cost, wait_s = rejection
+        message = (
+            f"Rate limit reached for {plan.model} in organization org-otel-llm-sim on {bucket.label}: "
+            f"Limit {bucket.limit}, Used {bucket.limit - bucket.remaining}, Requested {cost}. "
+            f"Please try again in {_duration(wait_s)}. {_RATE_LIMIT_DOCS}"
+        )
+        retry = [("retry-after", str(math.ceil(wait_s))), ("retry-after-ms", str(math.ceil(wait_s * 1000)))]
+        return _BadRequest(429, _error(message, bucket.resource, "rate_limit_exceeded"), [*retry, *headers])
+
+    def stream(self, writer: asyncio.StreamWriter, plan: _Plan, received_ns: int) -> _TokenStream:
+        return _SseStream(writer, plan)
+
+    async def reply(
+        self, writer: asyncio.StreamWriter, plan: _Plan, headers: list[tuple[str, str]], request: _Request
+    ) -> None:
+        await _send_json(writer, 200, _completion(plan), headers, request.keep_alive)
+
+
+class _BedrockDialect:
+    """Bedrock runtime with the Claude messages body. Bedrock sends no rate-limit headers; a 429 is a
+    ThrottlingException."""
+
+    def headers(self, plan: _Plan, rate_limits: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        return [("x-amzn-requestid", str(uuid.UUID(int=int(plan.response_id.removeprefix("msg_bdrk_"), 16))))]
+
+    def rejection(
+        self, plan: _Plan, rejection: tuple[_Bucket, int, float], headers: list[tuple[str, str]]
+    ) -> _BadRequest:
+        return _bedrock_error(429, "ThrottlingException", "Too many requests, please wait before trying again.",
+                              headers)
+
+    def stream(self, writer: asyncio.StreamWriter, plan: _Plan, received_ns: int) -> _TokenStream:
+        return _BedrockStream(writer, plan, received_ns)
+
+    async def reply(
+        self, writer: asyncio.StreamWriter, plan: _Plan, headers: list[tuple[str, str]], request: _Request
+    ) -> None:
+        body = {**_claude_message(plan, [{"type": "text", "text": plan.text()}]),
+                "usage": _claude_usage(plan, len(plan.tokens))}
+        bedrock = [
+            ("x-amzn-bedrock-input-token-count", str(plan.prompt_tokens)),
+            ("x-amzn-bedrock-output-token-count", str(len(plan.tokens))),
+            ("x-amzn-bedrock-invocation-latency", str(_ms_since(request.received_ns, time.perf_counter_ns()))),
+        ]
+        await _send_json(writer, 200, body, [*headers, *bedrock], request.keep_alive)
+
+
+_OPENAI = _OpenAIDialect()
+_BEDROCK = _BedrockDialect()
+
+
 class _BadRequest(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
+    """A request refused before any draw: status, JSON body and headers of the answer."""
+
+    def __init__(self, status: int, body: dict[str, object], headers: list[tuple[str, str]] | None = None) -> None:
+        super().__init__(status)
         self.status = status
-        self.body = _error(message, "invalid_request_error", code, param)
+        self.body = body
+        self.headers = headers or []
+
+
+def _invalid(status: int, message: str, param: str | None = None, code: str | None = None) -> _BadRequest:
+    return _BadRequest(status, _error(message, "invalid_request_error", code, param))
+
+
+def _bedrock_error(status: int, code: str, message: str, headers: list[tuple[str, str]] | None = None) -> _BadRequest:
+    """An error as Bedrock sends it: the code in `x-amzn-ErrorType`, where botocore reads it, the message in JSON."""
+    error_type = ("x-amzn-ErrorType", f"{code}:http://internal.amazon.com/coral/com.amazon.bedrock/")
+    return _BadRequest(status, {"message": message}, [error_type, *(headers or [])])
 
 
 class _Slots:
@@ -743,6 +968,11 @@ class _RateLimits:
         return [header for bucket in self._buckets for header in bucket.headers()]
 
 
+_BEDROCK_STREAM_HEADERS = [
+    ("content-type", "application/vnd.amazon.eventstream"),
+    ("x-amzn-bedrock-content-type", "application/json"),
+    ("transfer-encoding", "chunked"),
+]
 _SSE_HEADERS = [
     ("content-type", "text/event-stream; charset=utf-8"),
     ("transfer-encoding", "chunked"),
@@ -760,6 +990,14 @@ def _parse_head(head: bytes) -> tuple[str, str, dict[str, str]]:
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
     return method, target.partition("?")[0], headers
+
+
+def _bedrock_route(path: str) -> tuple[str, bool] | None:
+    """(model id, streaming) for Bedrock runtime's invoke paths, else None. botocore percent-encodes the id."""
+    parts = path.split("/")
+    if len(parts) == 4 and parts[:2] == ["", "model"] and parts[3] in ("invoke", "invoke-with-response-stream"):
+        return urllib.parse.unquote(parts[2]), parts[3] == "invoke-with-response-stream"
+    return None
 
 
 def _response_head(status: int, headers: Iterable[tuple[str, str]]) -> bytes:
@@ -789,10 +1027,9 @@ def _error(message: str, kind: str, code: str | None = None, param: str | None =
 
 
 def _completion(plan: _Plan) -> dict[str, object]:
-    content = "".join(text for text, _ in plan.tokens)
-    message: dict[str, object] = {"role": "assistant", "content": content, "refusal": None, "annotations": []}
+    message: dict[str, object] = {"role": "assistant", "content": plan.text(), "refusal": None, "annotations": []}
     return {
-        "id": plan.completion_id,
+        "id": plan.response_id,
         "object": "chat.completion",
         "created": plan.created,
         "model": plan.model,
@@ -801,6 +1038,28 @@ def _completion(plan: _Plan) -> dict[str, object]:
         "service_tier": "default",
         "system_fingerprint": _FINGERPRINT,
     }
+
+
+def _claude_message(plan: _Plan, content: list[dict[str, str]]) -> dict[str, object]:
+    return {"id": plan.response_id, "type": "message", "role": "assistant", "model": plan.model, "content": content,
+            "stop_reason": plan.stop_reason, "stop_sequence": None}
+
+
+def _claude_usage(plan: _Plan, output_tokens: int) -> dict[str, int]:
+    return {"input_tokens": plan.prompt_tokens, "output_tokens": output_tokens}
+
+
+def _claude_chunk(event_json: bytes) -> bytes:
+    """A Bedrock `chunk` event carrying one Claude stream event, padded with `p` as Bedrock pads them."""
+    return _eventstream.event("chunk", b'{"bytes":"%b","p":"%b"}' % (base64.b64encode(event_json), _PADDING))
+
+
+def _compact(payload: object) -> bytes:
+    return json.dumps(payload, separators=(",", ":")).encode()
+
+
+def _ms_since(start_ns: int, end_ns: int) -> int:
+    return round((end_ns - start_ns) / 1e6)
 
 
 def _message_chars(messages: list[Any]) -> int:

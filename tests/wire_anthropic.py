@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import base64
 import json
-import struct
-import zlib
 from dataclasses import dataclass
 from typing import Any
 
 import wire
+
+from otel_llm import _eventstream
 
 Json = dict[str, Any]
 
@@ -169,18 +169,8 @@ def event_stream(events: list[tuple[str, Json]]) -> list[bytes]:
             continue
         payload = {"bytes": base64.b64encode(json.dumps(data, separators=(",", ":")).encode()).decode(),
                    "p": "abcdefghij"}
-        frames.append(_frame({":event-type": "chunk", ":content-type": "application/json", ":message-type": "event"},
-                             json.dumps(payload, separators=(",", ":")).encode()))
+        frames.append(_eventstream.event("chunk", json.dumps(payload, separators=(",", ":")).encode()))
     return frames
-
-
-def _frame(headers: dict[str, str], payload: bytes) -> bytes:
-    """prelude (total length, headers length, CRC32 of both), string headers, payload, CRC32 of all before it."""
-    head = b"".join(bytes([len(key)]) + key.encode() + b"\x07" + struct.pack(">H", len(value)) + value.encode()
-                    for key, value in headers.items())
-    prelude = struct.pack(">II", 12 + len(head) + len(payload) + 4, len(head))
-    message = prelude + struct.pack(">I", zlib.crc32(prelude)) + head + payload
-    return message + struct.pack(">I", zlib.crc32(message))
 
 
 def _input_usage(usage: Usage) -> Json:

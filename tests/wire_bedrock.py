@@ -1,8 +1,8 @@
 """Fake Amazon Bedrock at the wire: the AWS event-stream binary framing and bedrock-runtime's JSON shapes, served by
 `wire.LoopbackServer`, so real boto3 signs, sends and parses every byte.
 
-* `message()`: one event-stream message (prelude with total and headers lengths and its CRC32, string headers,
-  payload, message CRC32); `event()`, `exception()` and `chunk()` build the kinds Bedrock sends.
+* `message()`: one event-stream message (the framing lives in `otel_llm._eventstream`); `event()`, `exception()`
+  and `chunk()` build the kinds Bedrock sends.
 * `converse_stream()`, `converse_body()`: converse's events and result.
 * `FORMATS`: `invoke_model` request bodies, response bodies and stream chunks of each model family.
 * `stream_reply()`, `invoke_reply()`, `converse_reply()`, `error_reply()`: scripted HTTP responses; `client()`:
@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import base64
 import json
-import struct
-import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import boto3
 import wire
 from botocore.config import Config
+
+from otel_llm import _eventstream
+from otel_llm._eventstream import message  # also part of this module: tests frame odd messages with it
 
 Json = dict[str, Any]
 
@@ -31,7 +32,6 @@ REQUEST_ID = "5f0e1c3a-8b2d-4e6f-9a7b-1c2d3e4f5a6b"
 PADDING = "abcdefghijklmnopqrstuvwxyzABCDEF"
 ERROR_TYPE_SUFFIX = ":http://internal.amazon.com/coral/com.amazon.bedrock/"
 EVENT_STREAM = "application/vnd.amazon.eventstream"
-_STRING = 7  # event-stream header value type: UTF-8 string, 2-byte length
 
 
 @dataclass(frozen=True)
@@ -47,23 +47,8 @@ class Tokens:
 # --- event-stream framing ---------------------------------------------------------------------------------------
 
 
-def message(headers: Mapping[str, str], payload: bytes) -> bytes:
-    """One event-stream message: total length, headers length and their CRC32, then headers, payload and the
-    CRC32 of everything before it. All integers big-endian."""
-    encoded = b"".join(_header(name, value) for name, value in headers.items())
-    prelude = struct.pack(">II", 12 + len(encoded) + len(payload) + 4, len(encoded))
-    framed = prelude + struct.pack(">I", zlib.crc32(prelude)) + encoded + payload
-    return framed + struct.pack(">I", zlib.crc32(framed))
-
-
-def _header(name: str, value: str) -> bytes:
-    raw_name, raw_value = name.encode(), value.encode()
-    return struct.pack(">B", len(raw_name)) + raw_name + struct.pack(">BH", _STRING, len(raw_value)) + raw_value
-
-
 def event(event_type: str, body: Json) -> bytes:
-    headers = {":event-type": event_type, ":content-type": "application/json", ":message-type": "event"}
-    return message(headers, _compact({**body, "p": PADDING}))
+    return _eventstream.event(event_type, _compact({**body, "p": PADDING}))
 
 
 def exception(exception_type: str, text: str) -> bytes:
