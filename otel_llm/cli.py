@@ -109,6 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _UsageError as exc:
         print(f"otel-llm {options.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as exc:  # e.g. the simulator or a scrape port cannot bind on this machine
+        print(f"otel-llm {options.command}: error: {exc}", file=sys.stderr)
+        return EXIT_ENDPOINT
 
 
 # subcommands with parsers of their own: everything after the name goes to them
@@ -543,7 +546,7 @@ def _until_interrupted(levels: _Levels) -> Iterator[_Interruption]:
 def _demo(options: argparse.Namespace) -> int:
     _require("openai", "otel-llm demo")
     _check_export_options(options)
-    from otel_llm._loadgen import Workload, make_client, preflight
+    from otel_llm._loadgen import EndpointProblem, Workload, make_client, preflight
 
     out = sys.stdout
     plan = [(level, options.requests or _default_requests(level)) for level in options.levels]
@@ -570,7 +573,11 @@ def _demo(options: argparse.Namespace) -> int:
                                      "rate limit")
 
         with _until_interrupted(levels) as interruption:
-            asyncio.run(measure())
+            try:
+                asyncio.run(measure())
+            except EndpointProblem as exc:  # the built-in simulator failed us: say so, no traceback
+                print(f"otel-llm demo: error: {exc}", file=sys.stderr)
+                return EXIT_ENDPOINT
         main_levels = levels.done[:len(plan)]
         if interruption.level is not None and len(levels.done) <= len(plan):  # cut short before the 429 phase
             _print_demo_level(interruption.level, _Truth.take(sim), out)
