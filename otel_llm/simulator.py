@@ -1,10 +1,11 @@
-"""A built-in LLM server on loopback: the OpenAI chat-completions and Bedrock Claude wires, a serving-engine latency
-model, ground truth.
+"""A built-in LLM server on loopback: the OpenAI chat-completions, Anthropic Messages and Bedrock Claude wires, a
+serving-engine latency model, ground truth.
 
 Use it to watch otel_llm work without an API key, and to compare what a client measured with what the server did::
 
     with Simulator(seed=1) as sim:
         client = openai.OpenAI(base_url=sim.base_url, api_key="sim")
+        claude = anthropic.Anthropic(base_url=sim.endpoint_url, api_key="sim")
         bedrock = boto3.client("bedrock-runtime", endpoint_url=sim.endpoint_url, region_name="us-east-1",
                                aws_access_key_id="sim", aws_secret_access_key="sim")
         ...
@@ -16,6 +17,19 @@ usage-only chunk with ``choices: []`` when ``stream_options.include_usage`` is t
 ``GET /v1/models`` lists the served models. HTTP/1.1 with keep-alive and chunked transfer encoding, served by an
 asyncio event loop in one daemon thread. Unknown models get 404 ``model_not_found``; with ``api_key`` set, a wrong
 bearer token gets 401 ``invalid_api_key``.
+
+Anthropic Messages API: ``POST /v1/messages`` takes the Messages body (``model``, ``messages``, required
+``max_tokens``, optional ``system``). With ``"stream": true`` the answer is server-sent events with ``event:`` lines,
+as the API writes them: ``message_start`` (``usage.input_tokens``, placeholder ``output_tokens: 1``),
+``content_block_start``, ``ping``, one ``content_block_delta`` (``text_delta``) per output token,
+``content_block_stop``, ``message_delta`` with ``stop_reason`` and ``usage.output_tokens``, ``message_stop``.
+Otherwise a Message with ``usage``. Every answer carries ``request-id`` and, for ``requests`` and ``tokens``,
+``anthropic-ratelimit-*-limit``, ``-remaining`` and ``-reset`` (the RFC 3339 time the bucket is full again).
+Errors have the API's typed body: ``invalid_request_error`` (400), ``not_found_error`` (404, unknown model),
+``rate_limit_error`` (429, with ``retry-after``); with ``api_key`` set, a wrong key gets 401
+``authentication_error`` (the key comes as ``x-api-key`` or, as anthropic 2.x sends it, a bearer
+``authorization``), otherwise any key is accepted. ``anthropic-version`` is not checked; ``overloaded_error``
+is never sent.
 
 Bedrock runtime: ``POST /model/{modelId}/invoke`` and ``/model/{modelId}/invoke-with-response-stream`` take the
 Anthropic Claude messages body (``anthropic_version`` ``"bedrock-2023-05-31"``, ``messages``, required
@@ -43,21 +57,23 @@ Latency model (every parameter is a field of `EngineConfig`):
 - Prompt tokens = ceil(characters of message and system text / ``chars_per_token``). Output tokens = the request's
   ``max_completion_tokens`` or ``max_tokens`` (``finish_reason`` ``"length"``; above ``max_output_tokens`` is a
   400), else a log-normal draw with median ``output_tokens_median`` and shape ``output_tokens_sigma``, clipped to
-  ``[1, max_output_tokens]`` (``finish_reason`` ``"stop"``). Claude requires ``max_tokens``, so on Bedrock it caps
-  the draw instead (``stop_reason`` ``"max_tokens"`` when it cut the draw short, else ``"end_turn"``).
+  ``[1, max_output_tokens]`` (``finish_reason`` ``"stop"``). Claude requires ``max_tokens``, so on the Messages API
+  and Bedrock it caps the draw instead (``stop_reason`` ``"max_tokens"`` when it cut the draw short, else
+  ``"end_turn"``).
 - Rate limits: token buckets holding ``requests_per_minute`` and ``tokens_per_minute`` (``None`` disables one),
   full at start and refilled continuously. A request costs 1 request and prompt + output tokens; when a bucket
-  lacks that, the answer is 429 with an OpenAI-style error body, ``retry-after`` (whole seconds, rounded up) and
-  ``retry-after-ms``. Every answer to a chat request carries ``x-ratelimit-limit-*``, ``x-ratelimit-remaining-*``
-  and ``x-ratelimit-reset-*`` for ``requests`` and ``tokens`` (reset = time until the bucket is full again).
-- Response headers and the role-only chunk (on Bedrock: ``message_start`` and ``content_block_start``) go out as
-  soon as a request is admitted, before it queues, so a client that takes them for its first token measures
-  visibly less than the true TTFT.
+  lacks that, the answer is 429 with ``retry-after`` (whole seconds, rounded up) and the wire's own error. On the
+  OpenAI wire that is an OpenAI-style error body and ``retry-after-ms``, and every answer to a chat request carries
+  ``x-ratelimit-limit-*``, ``x-ratelimit-remaining-*`` and ``x-ratelimit-reset-*`` for ``requests`` and ``tokens``
+  (reset = time until the bucket is full again); the Messages API spells them its own way (above).
+- Response headers and the role-only chunk (Claude streams: ``message_start``, ``content_block_start`` and, on the
+  Messages API, ``ping``) go out as soon as a request is admitted, before it queues, so a client that takes them
+  for its first token measures visibly less than the true TTFT.
 
 Randomness: the k-th chat request to arrive (k counts from 0) draws everything (heavy tail, output length, text,
 completion id) from ``random.Random(f"{seed}/{k}")``; the same seed and arrival order give the same draws.
 
-Ground truth: each chat request on either wire answered 200, 429 or 499 (client went away mid-response) leaves a
+Ground truth: each chat request on any wire answered 200, 429 or 499 (client went away mid-response) leaves a
 `TruthRecord` with `time.perf_counter_ns` marks, the clock an in-process client uses: arrival of the request head,
 each content chunk just before it goes to the socket, the end of the response. `summarize` gives exact percentiles
 (`percentile`). A client in the same process shares the GIL with the server thread: its TTFT runs from before the
@@ -72,6 +88,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import concurrent.futures
+import datetime
 import json
 import math
 import random
@@ -277,10 +294,11 @@ def summarize(records: Sequence[TruthRecord]) -> TruthSummary:
 
 
 class Simulator:
-    """The simulated LLM server (OpenAI and Bedrock wires); see the module docstring. Runs once: start, then stop.
+    """The simulated LLM server (OpenAI, Anthropic and Bedrock wires); see the module docstring. Runs once: start,
+    then stop.
 
     `seed` fixes the random draws, `port` 0 picks a free port, `models` are the model ids it serves, and `api_key`,
-    when set, is the only bearer token the OpenAI routes accept.
+    when set, is the only key accepted (a bearer token; ``/v1/messages`` also takes it as ``x-api-key``).
     """
 
     def __init__(
@@ -321,7 +339,7 @@ class Simulator:
 
     @property
     def endpoint_url(self) -> str:
-        """The server's root: boto3's ``endpoint_url`` for the Bedrock routes."""
+        """The server's root: the Anthropic client's ``base_url``, boto3's ``endpoint_url`` for the Bedrock routes."""
         return f"http://{_HOST}:{self.port}"
 
     def start(self) -> Simulator:
@@ -432,10 +450,19 @@ class Simulator:
         request = _Request(body, received_ns, keep_alive)
 
         bedrock = _bedrock_route(path) if method == "POST" else None
-        wrong_key = self._api_key is not None and headers.get("authorization") != f"Bearer {self._api_key}"
-        if wrong_key and path.startswith("/v1/"):
+        messages_api = (method, path) == ("POST", "/v1/messages")
+        bearer = headers.get("authorization")
+        if messages_api and "x-api-key" in headers:  # the Messages API's own header; anthropic 2.x sends a bearer
+            bearer = f"Bearer {headers['x-api-key']}"
+        wrong_key = self._api_key is not None and bearer != f"Bearer {self._api_key}"
+        if wrong_key and messages_api:
+            refusal = _anthropic_error(401, "authentication_error", "invalid x-api-key")
+            await _send_json(writer, 401, refusal.body, refusal.headers, keep_alive)
+        elif wrong_key and path.startswith("/v1/"):
             message = "Incorrect API key provided. Find your API key at https://platform.openai.com/account/api-keys."
             await _send_json(writer, 401, _error(message, "invalid_request_error", "invalid_api_key"), [], keep_alive)
+        elif messages_api:
+            await self._messages(writer, request)
         elif (method, path) == ("POST", "/v1/chat/completions"):
             await self._chat(writer, request)
         elif bedrock is not None:
@@ -469,11 +496,19 @@ class Simulator:
             return
         await self._answer(writer, request, plan, _BEDROCK)
 
+    async def _messages(self, writer: asyncio.StreamWriter, request: _Request) -> None:
+        try:
+            plan = self._plan_messages(request.body)
+        except _BadRequest as exc:
+            await _send_json(writer, exc.status, exc.body, exc.headers, request.keep_alive)
+            return
+        await self._answer(writer, request, plan, _ANTHROPIC)
+
     async def _answer(self, writer: asyncio.StreamWriter, request: _Request, plan: _Plan, dialect: _Dialect) -> None:
         """Rate limits, then queue, prefill and decode through the latency model, answering in `dialect`."""
         now = time.perf_counter_ns()
         rejection = self._limits.admit(plan.prompt_tokens + len(plan.tokens), now)
-        headers = dialect.headers(plan, self._limits.headers(now))
+        headers = dialect.headers(plan, self._limits.refilled(now))
         if rejection is not None:
             self._record(plan, request, 429, 0, [], 0)
             refusal = dialect.rejection(plan, rejection, headers)
@@ -555,17 +590,30 @@ class Simulator:
         if payload.get("anthropic_version") != _BEDROCK_ANTHROPIC_VERSION:
             raise _bedrock_error(400, "ValidationException", f"Malformed input request: anthropic_version must be "
                                  f"{_BEDROCK_ANTHROPIC_VERSION}, please reformat your input and try again.")
-        messages, max_tokens = payload.get("messages"), payload.get("max_tokens")
-        if not isinstance(messages, list) or not messages:
-            raise _bedrock_error(400, "ValidationException", "Malformed input request: messages must be a non-empty "
-                                 "array, please reformat your input and try again.")
-        limit = self.config.max_output_tokens
-        if type(max_tokens) is not int or not 1 <= max_tokens <= limit:
-            raise _bedrock_error(400, "ValidationException", f"Malformed input request: max_tokens must be an "
-                                 f"integer from 1 to {limit}, please reformat your input and try again.")
-        system = payload.get("system")
-        chars = _message_chars([{"content": system}, *messages])
+        try:
+            chars, max_tokens = _claude_body(payload, self.config.max_output_tokens)
+        except ValueError as exc:
+            raise _bedrock_error(400, "ValidationException", f"Malformed input request: {exc}, please reformat your "
+                                 "input and try again.") from None
         return self._draw(model_id, chars, stream, False, max_tokens, "msg_bdrk_", max_tokens_caps=True)
+
+    def _plan_messages(self, body: bytes) -> _Plan:
+        """Validate a Messages API body and make the draws for it."""
+        try:
+            payload: Any = json.loads(body)
+        except ValueError:
+            raise _anthropic_error(400, "invalid_request_error", "The request body is not valid JSON.") from None
+        try:
+            chars, max_tokens = _claude_body(payload, self.config.max_output_tokens)
+        except ValueError as exc:
+            raise _anthropic_error(400, "invalid_request_error", str(exc)) from None
+        model = payload.get("model")
+        if not isinstance(model, str):
+            raise _anthropic_error(400, "invalid_request_error", "model: Field required")
+        if model not in self.models:
+            raise _anthropic_error(404, "not_found_error", f"model: {model}")
+        stream = payload.get("stream") is True
+        return self._draw(model, chars, stream, False, max_tokens, "msg_", max_tokens_caps=True)
 
     def _draw(
         self,
@@ -745,17 +793,13 @@ class _BedrockStream:
         self._first_ns: int | None = None
 
     async def open(self, headers: list[tuple[str, str]]) -> None:
-        plan = self._plan
-        start = {"type": "message_start", "message": {**_claude_message(plan, []), "stop_reason": None,
-                                                        "usage": _claude_usage(plan, 1)}}
-        block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
         head = _response_head(200, [*_BEDROCK_STREAM_HEADERS, *headers])
-        self._writer.write(head + _frame(_claude_chunk(_compact(start))) + _frame(_claude_chunk(_compact(block))))
+        events = _claude_opening(self._plan, _claude_usage(self._plan, 1))
+        self._writer.write(head + b"".join(_frame(_claude_chunk(_compact(event))) for _, event in events))
         await self._writer.drain()
 
     async def token(self, token_json: bytes) -> int:
-        delta = b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":%b}}' % token_json
-        chunk = _frame(_claude_chunk(delta))
+        chunk = _frame(_claude_chunk(_CLAUDE_DELTA % token_json))
         written_ns = time.perf_counter_ns()  # stamped before the send, as in _SseStream.token
         if self._first_ns is None:
             self._first_ns = written_ns
@@ -771,20 +815,44 @@ class _BedrockStream:
             "invocationLatency": _ms_since(self._received_ns, now),
             "firstByteLatency": _ms_since(self._received_ns, self._first_ns or now),
         }
-        events = [
-            {"type": "content_block_stop", "index": 0},
-            {"type": "message_delta", "delta": {"stop_reason": plan.stop_reason, "stop_sequence": None},
-             "usage": {"output_tokens": len(plan.tokens)}},
-            {"type": "message_stop", "amazon-bedrock-invocationMetrics": metrics},
-        ]
-        self._writer.write(b"".join(_frame(_claude_chunk(_compact(event))) for event in events) + b"0\r\n\r\n")
+        events = [*_claude_closing(plan), ("message_stop", {"type": "message_stop",
+                                                             "amazon-bedrock-invocationMetrics": metrics})]
+        self._writer.write(b"".join(_frame(_claude_chunk(_compact(event))) for _, event in events) + b"0\r\n\r\n")
+        await self._writer.drain()
+
+
+class _MessagesStream:
+    """One streamed Messages API answer: server-sent events named as the API names them (`event:` then compact
+    JSON, the `ping` after the first block opens); the bytes around each token are built once."""
+
+    def __init__(self, writer: asyncio.StreamWriter, plan: _Plan) -> None:
+        self._writer = writer
+        self._opening = b"".join(_frame(_named_event(name, event))
+                                 for name, event in _claude_opening(plan, _anthropic_usage(plan, 1)))
+        self._opening += _frame(_PING)
+        closing = [*_claude_closing(plan), ("message_stop", {"type": "message_stop"})]
+        self._closing = b"".join(_frame(_named_event(name, event)) for name, event in closing) + b"0\r\n\r\n"
+
+    async def open(self, headers: list[tuple[str, str]]) -> None:
+        self._writer.write(_response_head(200, [*_SSE_HEADERS, *headers]) + self._opening)
+        await self._writer.drain()
+
+    async def token(self, token_json: bytes) -> int:
+        chunk = _frame(b"event: content_block_delta\ndata: %b\n\n" % (_CLAUDE_DELTA % token_json))
+        written_ns = time.perf_counter_ns()  # stamped before the send, as in _SseStream.token
+        self._writer.write(chunk)
+        await self._writer.drain()
+        return written_ns
+
+    async def close(self) -> None:
+        self._writer.write(self._closing)
         await self._writer.drain()
 
 
 class _Dialect(Protocol):
     """What one API spells its own way around the shared latency model."""
 
-    def headers(self, plan: _Plan, rate_limits: list[tuple[str, str]]) -> list[tuple[str, str]]: ...
+    def headers(self, plan: _Plan, buckets: list[_Bucket]) -> list[tuple[str, str]]: ...
 
     def rejection(self, plan: _Plan, rejection: tuple[_Bucket, int, float], headers: list[tuple[str, str]]) -> (
         _BadRequest
@@ -798,8 +866,9 @@ class _Dialect(Protocol):
 
 
 class _OpenAIDialect:
-    def headers(self, plan: _Plan, rate_limits: list[tuple[str, str]]) -> list[tuple[str, str]]:
-        return [("x-request-id", f"req_{plan.response_id.removeprefix('chatcmpl-')}"), *rate_limits]
+    def headers(self, plan: _Plan, buckets: list[_Bucket]) -> list[tuple[str, str]]:
+        limits = [header for bucket in buckets for header in bucket.headers()]
+        return [("x-request-id", f"req_{plan.response_id.removeprefix('chatcmpl-')}"), *limits]
 
     def rejection(
         self, plan: _Plan, rejection: tuple[_Bucket, int, float], headers: list[tuple[str, str]]
@@ -826,7 +895,7 @@ class _BedrockDialect:
     """Bedrock runtime with the Claude messages body. Bedrock sends no rate-limit headers; a 429 is a
     ThrottlingException."""
 
-    def headers(self, plan: _Plan, rate_limits: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    def headers(self, plan: _Plan, buckets: list[_Bucket]) -> list[tuple[str, str]]:
         return [("x-amzn-requestid", str(uuid.UUID(int=int(plan.response_id.removeprefix("msg_bdrk_"), 16))))]
 
     def rejection(
@@ -851,8 +920,39 @@ class _BedrockDialect:
         await _send_json(writer, 200, body, [*headers, *bedrock], request.keep_alive)
 
 
+class _AnthropicDialect:
+    """The Anthropic Messages API: `request-id` and `anthropic-ratelimit-*` headers on every answer."""
+
+    def headers(self, plan: _Plan, buckets: list[_Bucket]) -> list[tuple[str, str]]:
+        limits = [header for bucket in buckets for header in bucket.anthropic_headers()]
+        return [("request-id", _anthropic_request_id(plan.response_id)), *limits]
+
+    def rejection(
+        self, plan: _Plan, rejection: tuple[_Bucket, int, float], headers: list[tuple[str, str]]
+    ) -> _BadRequest:
+        bucket, cost, wait_s = rejection
+        message = (
+            f"This request would exceed the rate limit for your organization of {bucket.limit} {bucket.resource} "
+            f"per minute (requested {cost}). You can see the response headers for current usage. Please reduce "
+            "the prompt length or the maximum tokens requested, or try again later."
+        )
+        body = _anthropic_body("rate_limit_error", message, _anthropic_request_id(plan.response_id))
+        return _BadRequest(429, body, [("retry-after", str(math.ceil(wait_s))), *headers])
+
+    def stream(self, writer: asyncio.StreamWriter, plan: _Plan, received_ns: int) -> _TokenStream:
+        return _MessagesStream(writer, plan)
+
+    async def reply(
+        self, writer: asyncio.StreamWriter, plan: _Plan, headers: list[tuple[str, str]], request: _Request
+    ) -> None:
+        body = {**_claude_message(plan, [{"type": "text", "text": plan.text()}]),
+                "usage": _anthropic_usage(plan, len(plan.tokens))}
+        await _send_json(writer, 200, body, headers, request.keep_alive)
+
+
 _OPENAI = _OpenAIDialect()
 _BEDROCK = _BedrockDialect()
+_ANTHROPIC = _AnthropicDialect()
 
 
 class _BadRequest(Exception):
@@ -867,6 +967,20 @@ class _BadRequest(Exception):
 
 def _invalid(status: int, message: str, param: str | None = None, code: str | None = None) -> _BadRequest:
     return _BadRequest(status, _error(message, "invalid_request_error", code, param))
+
+
+def _anthropic_error(status: int, kind: str, message: str) -> _BadRequest:
+    """An error refused before any draw, as the Messages API sends it: typed body, `request-id` header."""
+    request_id = _anthropic_request_id(uuid.uuid4().hex)
+    return _BadRequest(status, _anthropic_body(kind, message, request_id), [("request-id", request_id)])
+
+
+def _anthropic_body(kind: str, message: str, request_id: str) -> dict[str, object]:
+    return {"type": "error", "error": {"type": kind, "message": message}, "request_id": request_id}
+
+
+def _anthropic_request_id(message_id: str) -> str:
+    return f"req_{message_id.removeprefix('msg_')}"
 
 
 def _bedrock_error(status: int, code: str, message: str, headers: list[tuple[str, str]] | None = None) -> _BadRequest:
@@ -933,11 +1047,26 @@ class _Bucket:
     def take(self, cost: int) -> None:
         self._level -= cost
 
+    def full_in_s(self) -> float:
+        return (self.limit - self._level) / self._per_ns / 1e9
+
     def headers(self) -> list[tuple[str, str]]:
+        """OpenAI's spelling."""
         return [
             (f"x-ratelimit-limit-{self.resource}", str(self.limit)),
             (f"x-ratelimit-remaining-{self.resource}", str(self.remaining)),
-            (f"x-ratelimit-reset-{self.resource}", _duration((self.limit - self._level) / self._per_ns / 1e9)),
+            (f"x-ratelimit-reset-{self.resource}", _duration(self.full_in_s())),
+        ]
+
+    def anthropic_headers(self) -> list[tuple[str, str]]:
+        """Anthropic's spelling: the reset is the wall-clock time the bucket is full again, RFC 3339 in whole
+        seconds."""
+        full_at = datetime.datetime.fromtimestamp(math.ceil(time.time() + self.full_in_s()), datetime.UTC)
+        prefix = f"anthropic-ratelimit-{self.resource}"
+        return [
+            (f"{prefix}-limit", str(self.limit)),
+            (f"{prefix}-remaining", str(self.remaining)),
+            (f"{prefix}-reset", full_at.strftime("%Y-%m-%dT%H:%M:%SZ")),
         ]
 
 
@@ -962,10 +1091,11 @@ class _RateLimits:
             bucket.take(cost)
         return None
 
-    def headers(self, now_ns: int) -> list[tuple[str, str]]:
+    def refilled(self, now_ns: int) -> list[_Bucket]:
+        """The buckets, brought up to `now_ns`, for the rate-limit headers."""
         for bucket in self._buckets:
             bucket.refill(now_ns)
-        return [header for bucket in self._buckets for header in bucket.headers()]
+        return self._buckets
 
 
 _BEDROCK_STREAM_HEADERS = [
@@ -973,6 +1103,8 @@ _BEDROCK_STREAM_HEADERS = [
     ("x-amzn-bedrock-content-type", "application/json"),
     ("transfer-encoding", "chunked"),
 ]
+_CLAUDE_DELTA = b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":%b}}'
+_PING = b'event: ping\ndata: {"type": "ping"}\n\n'  # the API writes this one with spaces
 _SSE_HEADERS = [
     ("content-type", "text/event-stream; charset=utf-8"),
     ("transfer-encoding", "chunked"),
@@ -1047,6 +1179,44 @@ def _claude_message(plan: _Plan, content: list[dict[str, str]]) -> dict[str, obj
 
 def _claude_usage(plan: _Plan, output_tokens: int) -> dict[str, int]:
     return {"input_tokens": plan.prompt_tokens, "output_tokens": output_tokens}
+
+
+def _anthropic_usage(plan: _Plan, output_tokens: int) -> dict[str, object]:
+    return {"input_tokens": plan.prompt_tokens, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+            "output_tokens": output_tokens, "service_tier": "standard"}
+
+
+def _claude_opening(plan: _Plan, usage: dict[str, Any]) -> list[tuple[str, dict[str, object]]]:
+    """The stream events before the first token: `message_start` with `usage`, the text block's start."""
+    message = {**_claude_message(plan, []), "stop_reason": None, "usage": usage}
+    return [("message_start", {"type": "message_start", "message": message}),
+            ("content_block_start", {"type": "content_block_start", "index": 0,
+                                     "content_block": {"type": "text", "text": ""}})]
+
+
+def _claude_closing(plan: _Plan) -> list[tuple[str, dict[str, object]]]:
+    """The stream events after the last token, up to `message_stop`."""
+    delta = {"stop_reason": plan.stop_reason, "stop_sequence": None}
+    return [("content_block_stop", {"type": "content_block_stop", "index": 0}),
+            ("message_delta", {"type": "message_delta", "delta": delta,
+                               "usage": {"output_tokens": len(plan.tokens)}})]
+
+
+def _claude_body(payload: Any, max_output_tokens: int) -> tuple[int, int]:
+    """(prompt characters, max_tokens) of a Claude messages body; ValueError saying what is wrong otherwise."""
+    if not isinstance(payload, dict):
+        raise ValueError("the body must be a JSON object")
+    messages, max_tokens = payload.get("messages"), payload.get("max_tokens")
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty array")
+    if type(max_tokens) is not int or not 1 <= max_tokens <= max_output_tokens:
+        raise ValueError(f"max_tokens must be an integer from 1 to {max_output_tokens}")
+    return _message_chars([{"content": payload.get("system")}, *messages]), max_tokens
+
+
+def _named_event(name: str, event: object) -> bytes:
+    """One server-sent event as the Messages API writes it: its name, then compact JSON."""
+    return b"event: %b\ndata: %b\n\n" % (name.encode(), _compact(event))
 
 
 def _claude_chunk(event_json: bytes) -> bytes:

@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import logging
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from itertools import pairwise
 from typing import Any
 
+import anthropic
 import boto3
 import openai
 import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
-from conftest import Instrument, attributes
+from conftest import Captured, Instrument, attributes
 
 from otel_llm import _semconv as sc
 from otel_llm.simulator import DEFAULT_MODEL, EngineConfig, Quantiles, Simulator, TruthRecord, percentile, summarize
@@ -334,6 +336,175 @@ def test_request_budget_answers_429() -> None:
     assert "x-ratelimit-limit-tokens" not in headers
 
 
+def spans_beside_truth(
+    otel: Captured, sim: Simulator, call: Callable[[], object]
+) -> list[tuple[Mapping[str, Any], TruthRecord]]:
+    """`call` once to warm the client and its connection, then three times: each span's attributes beside the
+    truth record of its request."""
+    call()
+    sim.reset_truth()
+    for _ in range(3):
+        call()
+    spans, records = otel.spans()[1:], sim.truth()
+    assert len(spans) == len(records) == 3
+    return [(attributes(span), record) for span, record in zip(spans, records, strict=True)]
+
+
+def ttft_error(attrs: Mapping[str, Any], record: TruthRecord) -> float:
+    """The span's TTFT minus the truth's."""
+    assert record.ttft_s is not None
+    return float(attrs[sc.RESPONSE_TIME_TO_FIRST_CHUNK]) - record.ttft_s
+
+
+# Anthropic Messages API through the real anthropic client
+
+CLAUDE_MESSAGES: Any = [{"role": "user", "content": [{"type": "text", "text": MESSAGES[1]["content"]}]}]
+SYSTEM = MESSAGES[0]["content"]
+
+
+def anthropic_client(sim: Simulator, api_key: str = "sim") -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=sim.endpoint_url, api_key=api_key, max_retries=0)
+
+
+def test_messages_stream_sends_anthropics_events_one_delta_per_token(sim: Simulator) -> None:
+    with anthropic_client(sim) as client:
+        with client.messages.with_streaming_response.create(
+            model=DEFAULT_MODEL, system=SYSTEM, messages=CLAUDE_MESSAGES, max_tokens=100, stream=True
+        ) as response:
+            names = [line.removeprefix("event: ") for line in response.iter_lines() if line.startswith("event: ")]
+            headers = response.headers
+        events = list(client.messages.create(
+            model=DEFAULT_MODEL, system=SYSTEM, messages=CLAUDE_MESSAGES, max_tokens=100, stream=True
+        ))
+        raw_record, record = sim.truth()
+
+    deltas_sent = ["content_block_delta"] * raw_record.output_tokens
+    assert names == ["message_start", "content_block_start", "ping", *deltas_sent, "content_block_stop",
+                     "message_delta", "message_stop"]
+    assert headers["content-type"] == "text/event-stream; charset=utf-8"
+    assert headers["request-id"] == "req_" + raw_record.request_id.removeprefix("msg_")
+    assert headers["anthropic-ratelimit-requests-limit"] == "10000"
+    start, block_start, *deltas, block_stop, message_delta, stop = events  # the client drops the ping
+    assert start.type == "message_start" and block_start.type == "content_block_start"
+    assert start.message.id == record.request_id
+    prompt_chars = len(SYSTEM + MESSAGES[1]["content"])
+    assert start.message.usage.input_tokens == record.prompt_tokens == math.ceil(prompt_chars / 4)
+    assert all(delta.type == "content_block_delta" and delta.delta.type == "text_delta" for delta in deltas)
+    assert len(deltas) == record.output_tokens == len(record.token_ns)
+    assert (block_stop.type, message_delta.type, stop.type) == ("content_block_stop", "message_delta", "message_stop")
+    assert message_delta.delta.stop_reason == "end_turn"
+    assert message_delta.usage.output_tokens == record.output_tokens
+    assert (record.stream, record.status) == (True, 200)
+
+
+async def test_messages_stream_helper_text_equals_the_plain_answer_of_the_same_draw() -> None:
+    """The k-th request draws the same text whether streamed or not, so a plain answer from a twin simulator is the
+    text the stream generated; max_tokens caps the drawn length."""
+    config = EngineConfig(prefill_base_s=0.0, tpot_base_s=0.0005, output_tokens_median=12, output_tokens_sigma=0.0)
+    with Simulator(config, seed=3) as sim:
+        with anthropic_client(sim) as client:
+            message = client.messages.create(model=DEFAULT_MODEL, messages=CLAUDE_MESSAGES, max_tokens=100)
+            capped = client.messages.create(model=DEFAULT_MODEL, messages=CLAUDE_MESSAGES, max_tokens=5)
+        plain_record, capped_record = sim.truth()
+    with Simulator(config, seed=3) as sim:
+        client = anthropic.AsyncAnthropic(base_url=sim.endpoint_url, api_key="sim", max_retries=0)
+        async with client, client.messages.stream(
+            model=DEFAULT_MODEL, messages=CLAUDE_MESSAGES, max_tokens=100
+        ) as stream:
+            pieces = [text async for text in stream.text_stream]
+            text = await stream.get_final_text()
+            final = await stream.get_final_message()
+        (stream_record,) = sim.truth()
+
+    assert message.content[0].type == "text"
+    assert text == "".join(pieces) == message.content[0].text
+    assert len(pieces) == stream_record.output_tokens == 12
+    assert message.id == plain_record.request_id == stream_record.request_id
+    assert (message.stop_reason, final.stop_reason) == ("end_turn", "end_turn")
+    assert message.usage.input_tokens == plain_record.prompt_tokens
+    assert message.usage.output_tokens == final.usage.output_tokens == 12
+    assert (capped.stop_reason, capped.usage.output_tokens, capped_record.output_tokens) == ("max_tokens", 5, 5)
+    assert (plain_record.stream, plain_record.token_ns) == (False, ())
+
+
+def test_messages_over_budget_is_a_rate_limit_error_with_anthropics_headers() -> None:
+    config = EngineConfig(prefill_base_s=0.0, tpot_base_s=0.0001, requests_per_minute=2, tokens_per_minute=1000)
+    with Simulator(config) as sim, anthropic_client(sim) as client:
+        ok = client.messages.with_raw_response.create(model=DEFAULT_MODEL, messages=CLAUDE_MESSAGES, max_tokens=5)
+        client.messages.create(model=DEFAULT_MODEL, messages=CLAUDE_MESSAGES, max_tokens=5)
+        with pytest.raises(anthropic.RateLimitError) as limited:
+            client.messages.create(model=DEFAULT_MODEL, messages=CLAUDE_MESSAGES, max_tokens=5, stream=True)
+        records = sim.truth()
+
+    assert ok.headers["anthropic-ratelimit-requests-remaining"] == "1"
+    assert ok.headers["anthropic-ratelimit-tokens-limit"] == "1000"
+    error = limited.value
+    assert error.status_code == 429
+    assert isinstance(error.body, dict) and error.body["error"]["type"] == "rate_limit_error"
+    headers = error.response.headers
+    assert error.body["request_id"] == headers["request-id"]
+    assert headers["retry-after"] == "30"  # 2 a minute: one request back every 30 s
+    assert headers["anthropic-ratelimit-requests-limit"] == "2"
+    assert headers["anthropic-ratelimit-requests-remaining"] == "0"
+    reset = datetime.datetime.fromisoformat(headers["anthropic-ratelimit-requests-reset"])
+    assert 59 <= (reset - datetime.datetime.now(datetime.UTC)).total_seconds() <= 61  # both requests back in 60 s
+    assert {"anthropic-ratelimit-tokens-remaining", "anthropic-ratelimit-tokens-reset"} <= set(headers)
+    assert [r.status for r in records] == [200, 200, 429]
+
+
+def x_api_key_client(sim: Simulator, key: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=sim.endpoint_url, api_key=None, default_headers={"x-api-key": key},
+                               max_retries=0)
+
+
+def test_messages_errors_are_anthropics_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    with Simulator(QUICK, api_key="right") as sim:
+        with anthropic_client(sim, "wrong") as client, pytest.raises(anthropic.AuthenticationError) as unauthorized:
+            client.messages.create(model=DEFAULT_MODEL, messages=CLAUDE_MESSAGES, max_tokens=5)
+        with anthropic_client(sim, "right") as client:  # anthropic 2.x sends the key as a bearer token
+            with pytest.raises(anthropic.NotFoundError) as not_found:
+                client.messages.create(model="claude-v9", messages=CLAUDE_MESSAGES, max_tokens=5)
+            with pytest.raises(anthropic.BadRequestError) as bad:
+                client.messages.create(model=DEFAULT_MODEL, messages=CLAUDE_MESSAGES, max_tokens=0)
+            client.messages.create(model=DEFAULT_MODEL, messages=CLAUDE_MESSAGES, max_tokens=5)
+        # the API's own header, as older clients and curl send it
+        with x_api_key_client(sim, "right") as client:
+            client.messages.create(model=DEFAULT_MODEL, messages=CLAUDE_MESSAGES, max_tokens=5)
+        with x_api_key_client(sim, "wrong") as client, pytest.raises(anthropic.AuthenticationError):
+            client.messages.create(model=DEFAULT_MODEL, messages=CLAUDE_MESSAGES, max_tokens=5)
+
+    errors = [error.value.body for error in (unauthorized, not_found, bad)]
+    assert [body["error"]["type"] for body in errors if isinstance(body, dict)] == [
+        "authentication_error", "not_found_error", "invalid_request_error"
+    ]
+    assert [r.status for r in sim.truth()] == [200, 200]  # refusals before the draw leave no record
+
+
+def test_instrumented_messages_stream_ttft_is_close_to_the_truth(instrument: Instrument) -> None:
+    """otel_llm's clock starts before the anthropic client builds the request, the truth's when the request head has
+    arrived, so the span's TTFT exceeds the truth by that client work: a few ms at most on a busy machine."""
+    otel = instrument()
+    config = EngineConfig(prefill_base_s=0.02, tpot_base_s=0.002, output_tokens_median=8, tail_probability=0.0)
+    with Simulator(config) as sim, anthropic_client(sim) as client:
+
+        def stream() -> None:
+            for _ in client.messages.create(model=DEFAULT_MODEL, messages=CLAUDE_MESSAGES, max_tokens=8, stream=True):
+                pass
+
+        measured = spans_beside_truth(otel, sim, stream)
+
+    errors = [ttft_error(attrs, record) for attrs, record in measured]
+    for attrs, record in measured:
+        assert attrs[sc.USAGE_OUTPUT_TOKENS] == record.output_tokens
+        assert attrs[sc.USAGE_INPUT_TOKENS] == record.prompt_tokens
+        assert attrs[sc.RATE_LIMIT_LIMIT_PREFIX + sc.RATE_LIMIT_REQUESTS] == 10_000
+        # the bucket refills one request every 6 ms and is full again before each: it lacks only this one
+        assert attrs[sc.RATE_LIMIT_REMAINING_PREFIX + sc.RATE_LIMIT_REQUESTS] == 10_000 - 1
+    assert all(error > 0 for error in errors), errors
+    assert percentile(errors, 50) < 0.01, errors
+
+
 # Bedrock: the Claude messages body through real boto3 (signing, event-stream parsing)
 
 _BOTO = boto3.session.Session()  # one session: each new one loads the service model again (~100 ms)
@@ -432,19 +603,11 @@ def test_instrumented_bedrock_stream_ttft_is_close_to_the_truth(instrument: Inst
     config = EngineConfig(prefill_base_s=0.02, tpot_base_s=0.002, output_tokens_median=8, tail_probability=0.0)
     with Simulator(config) as sim:
         client = bedrock_client(sim)
-        stream_claude(client, 8)  # botocore's lazy loading and the connection warm
-        sim.reset_truth()
-        for _ in range(3):
-            stream_claude(client, 8)
-        records = sim.truth()
+        measured = spans_beside_truth(otel, sim, lambda: stream_claude(client, 8))  # warms botocore's lazy loading
 
-    spans = otel.spans()[1:]
-    assert len(spans) == len(records) == 3
-    errors = []
-    for span, record in zip(spans, records, strict=True):
-        attrs = attributes(span)
+    errors = [ttft_error(attrs, record) for attrs, record in measured]
+    for attrs, record in measured:
         assert record.ttft_s is not None
-        errors.append(attrs[sc.RESPONSE_TIME_TO_FIRST_CHUNK] - record.ttft_s)
         assert attrs[sc.PROVIDER_TIME_TO_FIRST_BYTE] == round(record.ttft_s * 1000) / 1000
         assert attrs[sc.USAGE_OUTPUT_TOKENS] == record.output_tokens
     assert all(error > 0 for error in errors), errors
