@@ -4,7 +4,6 @@ retry-after) and retries are seen on behalf of the operation running in this con
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -14,6 +13,13 @@ from otel_llm._patching import Target
 
 if TYPE_CHECKING:
     from otel_llm._operation import Operation
+
+
+def _number(raw: bytes) -> float | None:
+    try:
+        return float(raw)
+    except ValueError:  # an HTTP date in retry-after is not a duration we can use without guessing at clocks
+        return None
 
 
 class ResponseHeaders:
@@ -30,9 +36,9 @@ class ResponseHeaders:
         for key, value in getattr(headers, "raw", ()):
             name = self._wanted.get(key.lower())
             if name is not None:
-                # an HTTP date in retry-after is not a duration we can use without guessing at clocks
-                with contextlib.suppress(ValueError):
-                    found[name] = float(value)
+                number = _number(value)
+                if number is not None:
+                    found[name] = number
         if not found:
             return
         op.rate_limits_ns = time.perf_counter_ns()
