@@ -268,3 +268,18 @@ def test_rate_limit_gauges_keep_the_newest_response_not_the_last_to_finish(otel:
     list(stream)  # the stream finishes last, with the older headers
     remaining = otel.point(sc.STABLE_NAMES.rate_limit_remaining.name, otel_llm__rate_limit__resource="requests")
     assert remaining.value == 50
+
+
+def test_callers_extra_body_is_kept_and_its_stream_options_respected(otel: Captured) -> None:
+    client, recorder = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
+    extra = {"top_k": 5, "stream_options": {"include_obfuscation": False}}
+    chunks = list(client.chat.completions.create(model="m", messages=MESSAGES, stream=True, extra_body=extra))
+    sent = recorder.requests[0].json
+    assert sent["top_k"] == 5
+    assert sent["stream_options"] == {"include_obfuscation": False, "include_usage": True}
+    assert extra == {"top_k": 5, "stream_options": {"include_obfuscation": False}}  # not mutated
+    assert all(chunk.choices for chunk in chunks)  # the usage chunk we asked for stays hidden
+
+    client.chat.completions.create(model="m", messages=MESSAGES, stream=True,
+                                   extra_body={"stream_options": {"include_usage": False}}).close()
+    assert recorder.requests[1].json["stream_options"] == {"include_usage": False}  # the caller decided
