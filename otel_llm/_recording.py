@@ -1,96 +1,186 @@
 """Histogram records without the SDK cleaning and hashing the same attributes again for every value.
 
 ``Histogram.record()`` costs ~10 us on these machines, most of it validating and hashing an attribute set that is
-identical for every record of a series (and a stream records one value per chunk gap). For the OpenTelemetry SDK's
-own histograms, with cumulative temporality and no attribute-filtering view, a ``SeriesRecorder`` lets one public
-``record()`` create the series' aggregation, then adds later values of that series to it directly: the same bucket
-counts, sum, min, max and exemplars, in about a quarter of the time. Anything else (another SDK, a delta-temporality
-reader, a view with attribute keys, an overflowed series, internals that are not the ones checked here, a reader
-added later) takes the public API. tests/test_recording.py checks that both paths produce identical points.
+identical for every record of a series, and a stream records one value per chunk gap. A ``Series`` is one attribute
+set of one histogram. For the OpenTelemetry SDK's own explicit-bucket histograms with cumulative temporality and no
+attribute-filtering view, its first value goes through the public ``record()``, which creates the series'
+aggregation in every reader's storage; later values are added to those aggregations directly, under their lock,
+exactly as the SDK adds them: the same bucket counts, sum, min, max and exemplars, in a fraction of the time, and
+a whole stream's gaps in one pass. Anything else (another SDK, a delta-temporality reader, a view with attribute
+keys or another aggregation, an overflowed series, internals that are not the ones checked here, a reader added
+later, a disabled meter) takes the public API. tests/test_recording.py checks that both paths give identical points.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from time import time_ns
+from bisect import bisect_left
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from opentelemetry import trace
 from opentelemetry.context import Context
 
 _log = logging.getLogger("otel_llm")
+_NS = 1e9
+# A context without a sampled span, for values that must not become exemplars. Not an empty Context: the SDK would
+# take the current one (the caller's span) in its place.
+_NO_EXEMPLAR = trace.set_span_in_context(trace.INVALID_SPAN)
 
 try:
+    from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, TraceBasedExemplarFilter
     from opentelemetry.sdk.metrics._internal._view_instrument_match import _hash_attributes
+    from opentelemetry.sdk.metrics._internal.aggregation import _ExplicitBucketHistogramAggregation
     from opentelemetry.sdk.metrics._internal.measurement import Measurement
 
     _INTERNALS = True
+    # filters that never sample a value recorded without a sampled span: of a batch, only its exemplar is offered
+    _CONTEXT_ONLY_FILTERS: tuple[type, ...] = (TraceBasedExemplarFilter, AlwaysOffExemplarFilter)
 except ImportError:  # another SDK, or a release that moved them: the public API only
     _INTERNALS = False
 
-SeriesKey = tuple[tuple[str, Any], ...]
 
-
-class SeriesRecorder:
-    """Records into one histogram; ``record()`` behaves as ``Histogram.record()``."""
+class Histogram:
+    """One histogram instrument; ``series()`` gives the handle for one attribute set."""
 
     def __init__(self, histogram: Any) -> None:
         self._histogram = histogram
-        # None once the fast path is off for good (not the SDK we know, or it failed)
+        # None once the direct path is off for good (not the SDK we know, or it failed)
         self._consumer: Any = getattr(histogram, "_measurement_consumer", None) if _INTERNALS else None
+
+    def series(self, attributes: Mapping[str, Any]) -> Series:
+        return Series(self, dict(attributes))
+
+    def _off(self) -> None:
+        _log.debug("otel_llm: direct histogram record failed; using the public API", exc_info=True)
+        self._consumer = None
+
+
+class Series:
+    __slots__ = ("_aggregations", "_filter", "_owner", "_storages", "attributes")
+
+    def __init__(self, owner: Histogram, attributes: dict[str, Any]) -> None:
+        self._owner = owner
+        self.attributes = attributes
+        self._aggregations: tuple[Any, ...] = ()  # empty: the public API, then look again
         self._storages: Any = None
-        self._exemplar_filter: Any = None
-        # series -> its aggregations, or () when this series must go through the public API
-        self._series: dict[SeriesKey, tuple[Any, ...]] = {}
+        self._filter: Any = None
 
-    def record(self, value: float, attributes: Mapping[str, Any], context: Context) -> None:
-        key = tuple(attributes.items())
-        aggregations = self._series.get(key)
+    def record(self, value: float, time_ns: int, context: Context) -> None:
+        """As ``Histogram.record(value, attributes, context)``; ``time_ns`` is the exemplar's time."""
+        aggregations = self._direct()
+        if aggregations and value >= 0:  # negative and NaN values: the public API warns and drops them
+            try:
+                for aggregation in aggregations:
+                    _add(aggregation, value)
+                if self._filter.should_sample(value, time_ns, self.attributes, context):
+                    self._offer(aggregations, value, time_ns, context)
+                return
+            except Exception:
+                self._owner._off()
+        self._owner._histogram.record(value, self.attributes, context=context)
+        self._resolve()
+
+    def record_ns(self, values_ns: Sequence[int], time_ns: int, context: Context, exemplar_ns: int) -> None:
+        """Nanosecond values recorded in seconds, in order; the first equal to ``exemplar_ns`` carries ``context``,
+        the others none (so by default only that one can become an exemplar)."""
+        aggregations = self._direct()
+        if aggregations and min(values_ns) >= 0:
+            try:
+                seconds = [value / _NS for value in values_ns]
+                for aggregation in aggregations:
+                    _add_all(aggregation, seconds)
+                self._offer_batch(aggregations, seconds, time_ns, context, exemplar_ns / _NS)
+                return
+            except Exception:
+                self._owner._off()
+        record = self._owner._histogram.record
+        for value in values_ns:
+            record(value / _NS, self.attributes, context=context if value == exemplar_ns else _NO_EXEMPLAR)
+            if value == exemplar_ns:
+                exemplar_ns = -1
+        self._resolve()
+
+    def _direct(self) -> tuple[Any, ...]:
+        """The aggregations to add to, or () for the public API."""
+        aggregations = self._aggregations
         if aggregations:
-            if self._consumer is not None and self._consumer._reader_storages is self._storages:
-                try:
-                    self._add(aggregations, value, attributes, context)
-                    return
-                except Exception:
-                    _log.debug("otel_llm: direct histogram record failed; using the public API", exc_info=True)
-                    self._consumer = None
-            self._series.clear()  # readers changed (or the fast path is off): look again
-            aggregations = None
-        self._histogram.record(value, attributes, context=context)
-        if aggregations is None and self._consumer is not None:
-            self._series[key] = self._find(attributes)
+            consumer = self._owner._consumer
+            if consumer is not None and consumer._reader_storages is self._storages \
+                    and self._owner._histogram._is_enabled():
+                return aggregations
+            self._aggregations = ()  # readers changed, the path is off, or the meter is disabled: look again
+        return ()
 
-    def _add(self, aggregations: tuple[Any, ...], value: float, attributes: Mapping[str, Any],
-             context: Context) -> None:
-        if not self._histogram._is_enabled():
-            return
-        time = time_ns()
-        sample = self._exemplar_filter.should_sample(value, time, attributes, context)
+    def _offer(self, aggregations: tuple[Any, ...], value: float, time_ns: int, context: Context) -> None:
+        measurement = Measurement(value, time_ns, self._owner._histogram, context, None)
         # no attributes on the measurement: they are the series' own, so exemplars keep none of them anyway
-        measurement = Measurement(value, time, self._histogram, context, None)
         for aggregation in aggregations:
-            aggregation.aggregate(measurement, sample)
+            aggregation._sample_exemplar(measurement, True)
 
-    def _find(self, attributes: Mapping[str, Any]) -> tuple[Any, ...]:
-        """The aggregations the public record() just used for this series, where adding to them directly is safe."""
+    def _offer_batch(self, aggregations: tuple[Any, ...], seconds: list[float], time_ns: int, context: Context,
+                     exemplar: float) -> None:
+        should_sample, attributes = self._filter.should_sample, self.attributes
+        if isinstance(self._filter, _CONTEXT_ONLY_FILTERS):
+            if should_sample(exemplar, time_ns, attributes, context):
+                self._offer(aggregations, exemplar, time_ns, context)
+            return
+        for value in seconds:  # a filter that may sample any value: each, in order, as the public API would
+            value_context = context if value == exemplar else _NO_EXEMPLAR
+            if value == exemplar:
+                exemplar = -1.0
+            if should_sample(value, time_ns, attributes, value_context):
+                self._offer(aggregations, value, time_ns, value_context)
+
+    def _resolve(self) -> None:
+        """After a public record: the aggregations it used for this series, where adding to them directly is safe."""
+        consumer = self._owner._consumer
+        if consumer is None:
+            return
         try:
-            consumer = self._consumer
             storages = consumer._reader_storages
-            if self._storages is not storages:
-                self._storages = storages
-                self._exemplar_filter = consumer._sdk_config.exemplar_filter
-            hashed = _hash_attributes(dict(attributes))
             found = []
             for storage in storages.values():
-                for match in storage._get_or_init_view_instrument_match(self._histogram):
+                for match in storage._get_or_init_view_instrument_match(self._owner._histogram):
                     if match._reset_on_collect or match._view._attribute_keys is not None:
-                        return ()
-                    aggregation = match._attributes_aggregation.get(hashed)
-                    if aggregation is None:  # overflowed past the cardinality limit, or dropped
-                        return ()
+                        return
+                    aggregation = match._attributes_aggregation.get(_hash_attributes(self.attributes))
+                    # absent: overflowed past the cardinality limit, or dropped
+                    if type(aggregation) is not _ExplicitBucketHistogramAggregation:
+                        return
                     found.append(aggregation)
-            return tuple(found)
+            self._aggregations, self._storages = tuple(found), storages
+            self._filter = consumer._sdk_config.exemplar_filter
         except Exception:
             _log.debug("otel_llm: SDK internals not as expected; histograms use the public API", exc_info=True)
-            self._consumer = None
-            return ()
+            self._owner._consumer = None
+
+
+def _add(aggregation: Any, value: float) -> None:
+    """What the SDK's explicit-bucket aggregate() does with a value, before the exemplar."""
+    with aggregation._lock:
+        counts = aggregation._value
+        if counts is None:
+            counts = aggregation._value = aggregation._get_empty_bucket_counts()
+        aggregation._sum += value
+        if aggregation._record_min_max:
+            if value < aggregation._min:
+                aggregation._min = value
+            if value > aggregation._max:
+                aggregation._max = value
+        counts[bisect_left(aggregation._boundaries, value)] += 1
+
+
+def _add_all(aggregation: Any, values: list[float]) -> None:
+    with aggregation._lock:
+        counts = aggregation._value
+        if counts is None:
+            counts = aggregation._value = aggregation._get_empty_bucket_counts()
+        boundaries, total = aggregation._boundaries, aggregation._sum
+        for value in values:
+            total += value  # value by value, in order: the same float sum as one record() each
+            counts[bisect_left(boundaries, value)] += 1
+        aggregation._sum = total
+        if aggregation._record_min_max:
+            aggregation._min = min(aggregation._min, min(values))
+            aggregation._max = max(aggregation._max, max(values))

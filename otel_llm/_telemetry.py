@@ -9,6 +9,7 @@ import random
 import time
 from array import array
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
@@ -18,7 +19,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from otel_llm import _semconv as sc
 from otel_llm._operation import Operation, Request
-from otel_llm._recording import SeriesRecorder
+from otel_llm._recording import Histogram, Series
 from otel_llm._safety import report_failure
 
 if TYPE_CHECKING:
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
     from otel_llm._settings import Settings
 
 _NS = 1e9
-_NO_EXEMPLAR = otel_context.Context()
 
 
 class Telemetry:
@@ -40,10 +40,10 @@ class Telemetry:
         self._gap_rate = settings.chunk_gap_sample_rate
         names = settings.metric_names
 
-        def histogram(instrument: sc.Instrument | None) -> Any:
+        def histogram(instrument: sc.Instrument | None) -> Histogram | None:
             if instrument is None:
                 return None
-            return SeriesRecorder(meter.create_histogram(
+            return Histogram(meter.create_histogram(
                 instrument.name, unit=instrument.unit, description=instrument.description,
                 explicit_bucket_boundaries_advisory=list(instrument.buckets),
             ))
@@ -63,6 +63,8 @@ class Telemetry:
         self._output_counter = counter(names.output_token_counter)
         self._tpot = histogram(names.time_per_output_token)
         self._prompt_length = histogram(names.prompt_length)
+        # what each kind of operation records into, by _series_key()
+        self._series: dict[tuple[Any, ...], _Series] = {}
         # rate-limit headroom changes on every response but is read once per export: keep the latest values
         # here (a dict store per operation) and let the SDK observe them when it collects. Latest by the time the
         # response arrived, not the time its operation finished: a long stream must not overwrite newer 429s.
@@ -188,49 +190,116 @@ class Telemetry:
 
     def _record_metrics(self, op: Operation) -> None:
         request = op.request
-        attributes = _identity(request)
-        # rate-limit gauges describe the endpoint and model, not one call's outcome
+        key = _series_key(op)
+        series = self._series.get(key) or self._new_series(key, op)
         for resource, (remaining, limit) in op.rate_limits.items():
-            key = frozenset((*attributes.items(), (sc.RATE_LIMIT_RESOURCE, resource)))
+            gauge_key = series.rate_limit_keys.get(resource) or series.rate_limit_key(resource)
             for value, latest in ((remaining, self._remaining), (limit, self._limits)):
-                if value is not None and op.rate_limits_ns >= latest.get(key, (0.0, 0))[1]:
-                    latest[key] = (value, op.rate_limits_ns)
+                if value is not None and op.rate_limits_ns >= latest.get(gauge_key, (0.0, 0))[1]:
+                    latest[gauge_key] = (value, op.rate_limits_ns)
+        now = time.time_ns()
+        ctx = trace.set_span_in_context(op.span)
+        if request.prompt_chars is not None:
+            series.prompt_length.record(request.prompt_chars, now, ctx)
+        series.duration.record((op.end_ns - op.start_ns) / _NS, now, ctx)
+        if request.stream:
+            if op.first_content_ns:
+                series.time_to_first_chunk.record((op.first_content_ns - op.start_ns) / _NS, now, ctx)
+            if op.gaps_ns:  # the longest gap links to the trace
+                series.chunk_gap.record_ns(op.gaps_ns, now, ctx, op.max_gap_ns)
+            tpot = _time_per_output_token(op)
+            if tpot is not None:
+                series.time_per_output_token.record(tpot, now, ctx)
+        for count, usage, histogram, counter in (
+            (op.input_tokens, series.input_usage, series.input_tokens, self._input_counter),
+            (op.output_tokens, series.output_usage, series.output_tokens, self._output_counter),
+        ):
+            if count is None:
+                continue
+            if usage is not None:
+                usage.record(count, now, ctx)
+            if histogram is not None:
+                histogram.record(count, now, ctx)
+            if counter is not None:
+                counter.add(count, series.attributes, context=ctx)
+
+    def _new_series(self, key: tuple[Any, ...], op: Operation) -> _Series:
+        if len(self._series) >= _MAX_SERIES_KINDS:  # unbounded model names: start over rather than grow
+            self._series.clear()
+        identity = _identity(op.request)
+        attributes = dict(identity)
         if op.response_model is not None:
             attributes[sc.RESPONSE_MODEL] = op.response_model
         if op.error_type is not None:
             attributes[sc.ERROR_TYPE] = op.error_type
-        ctx = trace.set_span_in_context(op.span)
+        timing = {**attributes, sc.REQUEST_STREAM: op.request.stream}
+        if op.request.prompt_chars is not None:
+            timing[sc.PROMPT_SIZE] = sc.prompt_size_class(op.request.prompt_chars)
 
-        timing = {**attributes, sc.REQUEST_STREAM: request.stream}
-        if request.prompt_chars is not None:
-            timing[sc.PROMPT_SIZE] = sc.prompt_size_class(request.prompt_chars)
-            self._prompt_length.record(request.prompt_chars, attributes, context=ctx)
-        self._duration.record((op.end_ns - op.start_ns) / _NS, timing, context=ctx)
-        if request.stream and op.first_content_ns:
-            self._ttfc.record((op.first_content_ns - op.start_ns) / _NS, timing, context=ctx)
-        gaps = op.gaps_ns
-        if gaps:
-            # the largest gap links to the trace; the others skip the exemplar reservoir (an empty context)
-            record_gap, longest = self._chunk_gap.record, max(gaps)
-            for gap in gaps:
-                record_gap(gap / _NS, attributes, context=ctx if gap == longest else _NO_EXEMPLAR)
-                if gap == longest:
-                    longest = -1
-        tpot = _time_per_output_token(op)
-        if tpot is not None:
-            self._tpot.record(tpot, attributes, context=ctx)
-        for token_type, count, histogram, counter in (
-            (sc.TOKEN_INPUT, op.input_tokens, self._input_tokens, self._input_counter),
-            (sc.TOKEN_OUTPUT, op.output_tokens, self._output_tokens, self._output_counter),
-        ):
-            if count is None:
-                continue
-            if self._token_usage is not None:
-                self._token_usage.record(count, {**attributes, sc.TOKEN_TYPE: token_type}, context=ctx)
-            if histogram is not None:
-                histogram.record(count, attributes, context=ctx)
-            if counter is not None:
-                counter.add(count, attributes, context=ctx)
+        def usage(token_type: str) -> Series | None:
+            if self._token_usage is None:
+                return None
+            return self._token_usage.series({**attributes, sc.TOKEN_TYPE: token_type})
+
+        def split(histogram: Histogram | None) -> Series | None:
+            return histogram.series(attributes) if histogram is not None else None
+
+        series = _Series(
+            identity=identity,
+            attributes=attributes,
+            duration=_required(self._duration).series(timing),
+            time_to_first_chunk=_required(self._ttfc).series(timing),
+            chunk_gap=_required(self._chunk_gap).series(attributes),
+            time_per_output_token=_required(self._tpot).series(attributes),
+            prompt_length=_required(self._prompt_length).series(attributes),
+            input_usage=usage(sc.TOKEN_INPUT),
+            output_usage=usage(sc.TOKEN_OUTPUT),
+            input_tokens=split(self._input_tokens),
+            output_tokens=split(self._output_tokens),
+        )
+        self._series[key] = series
+        return series
+
+
+# Kinds of operation (attribute sets) whose series are kept resolved; the SDK's own cardinality limit is 2000
+_MAX_SERIES_KINDS = 4096
+
+
+@dataclass(slots=True)
+class _Series:
+    """The series one kind of operation records into, resolved once: the kind is what names a metric point
+    (identity, response model, outcome; and for duration and TTFT whether it streamed and its prompt size)."""
+
+    identity: dict[str, Any]
+    attributes: dict[str, Any]  # identity, response model, error type
+    duration: Series
+    time_to_first_chunk: Series
+    chunk_gap: Series
+    time_per_output_token: Series
+    prompt_length: Series
+    input_usage: Series | None
+    output_usage: Series | None
+    input_tokens: Series | None
+    output_tokens: Series | None
+    # rate-limit gauges describe the endpoint and model, not one call's outcome: resource -> the gauge's key
+    rate_limit_keys: dict[str, frozenset[tuple[str, Any]]] = field(default_factory=dict)
+
+    def rate_limit_key(self, resource: str) -> frozenset[tuple[str, Any]]:
+        key = frozenset((*self.identity.items(), (sc.RATE_LIMIT_RESOURCE, resource)))
+        self.rate_limit_keys[resource] = key
+        return key
+
+
+def _series_key(op: Operation) -> tuple[Any, ...]:
+    request = op.request
+    chars = request.prompt_chars
+    return (request.operation, request.provider, request.model, request.server_address, request.server_port,
+            request.stream, None if chars is None else sc.prompt_size_class(chars), op.response_model, op.error_type)
+
+
+def _required(histogram: Histogram | None) -> Histogram:
+    assert histogram is not None  # every naming scheme has it
+    return histogram
 
 
 def _observe_latest(latest: dict[frozenset[tuple[str, Any]], tuple[float, int]]) -> Callable[
