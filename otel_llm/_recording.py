@@ -57,7 +57,7 @@ class Histogram:
 
 
 class Series:
-    __slots__ = ("_aggregations", "_filter", "_owner", "_storages", "attributes")
+    __slots__ = ("_aggregations", "_context_only", "_filter", "_owner", "_storages", "attributes")
 
     def __init__(self, owner: Histogram, attributes: dict[str, Any]) -> None:
         self._owner = owner
@@ -65,20 +65,26 @@ class Series:
         self._aggregations: tuple[Any, ...] = ()  # empty: the public API, then look again
         self._storages: Any = None
         self._filter: Any = None
+        self._context_only = True  # the filter samples only values recorded with a sampled span
 
-    def record(self, value: float, time_ns: int, context: Context) -> None:
-        """As ``Histogram.record(value, attributes, context)``; ``time_ns`` is the exemplar's time."""
+    def record(self, value: float, time_ns: int, context: Context | None = None) -> None:
+        """As ``Histogram.record(value, attributes, context)``; ``time_ns`` is the exemplar's time. Without a context
+        the value carries no span, so it never becomes an exemplar under the default filter."""
         aggregations = self._direct()
         if aggregations and value >= 0:  # negative and NaN values: the public API warns and drops them
             try:
                 for aggregation in aggregations:
                     _add(aggregation, value)
+                if context is None:
+                    if self._context_only:
+                        return
+                    context = _NO_EXEMPLAR
                 if self._filter.should_sample(value, time_ns, self.attributes, context):
                     self._offer(aggregations, value, time_ns, context)
                 return
             except Exception:
                 self._owner._off()
-        self._owner._histogram.record(value, self.attributes, context=context)
+        self._owner._histogram.record(value, self.attributes, context=_NO_EXEMPLAR if context is None else context)
         self._resolve()
 
     def record_ns(self, values_ns: Sequence[int], time_ns: int, context: Context, exemplar_ns: int) -> None:
@@ -121,7 +127,7 @@ class Series:
     def _offer_batch(self, aggregations: tuple[Any, ...], seconds: list[float], time_ns: int, context: Context,
                      exemplar: float) -> None:
         should_sample, attributes = self._filter.should_sample, self.attributes
-        if isinstance(self._filter, _CONTEXT_ONLY_FILTERS):
+        if self._context_only:
             if should_sample(exemplar, time_ns, attributes, context):
                 self._offer(aggregations, exemplar, time_ns, context)
             return
@@ -151,6 +157,7 @@ class Series:
                     found.append(aggregation)
             self._aggregations, self._storages = tuple(found), storages
             self._filter = consumer._sdk_config.exemplar_filter
+            self._context_only = isinstance(self._filter, _CONTEXT_ONLY_FILTERS)
         except Exception:
             _log.debug("otel_llm: SDK internals not as expected; histograms use the public API", exc_info=True)
             self._owner._consumer = None

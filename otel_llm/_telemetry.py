@@ -19,7 +19,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from otel_llm import _semconv as sc
 from otel_llm._operation import Operation, Request
-from otel_llm._recording import Histogram, Series
+from otel_llm._recording import _NO_EXEMPLAR, Histogram, Series
 from otel_llm._safety import report_failure
 
 if TYPE_CHECKING:
@@ -199,8 +199,9 @@ class Telemetry:
                     latest[gauge_key] = (value, op.rate_limits_ns)
         now = time.time_ns()
         ctx = trace.set_span_in_context(op.span)
+        # exemplars link a slow latency bucket to its trace; counts (prompt length, tokens) carry none
         if request.prompt_chars is not None:
-            series.prompt_length.record(request.prompt_chars, now, ctx)
+            series.prompt_length.record(request.prompt_chars, now)
         series.duration.record((op.end_ns - op.start_ns) / _NS, now, ctx)
         if request.stream:
             if op.first_content_ns:
@@ -217,11 +218,11 @@ class Telemetry:
             if count is None:
                 continue
             if usage is not None:
-                usage.record(count, now, ctx)
+                usage.record(count, now)
             if histogram is not None:
-                histogram.record(count, now, ctx)
+                histogram.record(count, now)
             if counter is not None:
-                counter.add(count, series.attributes, context=ctx)
+                counter.add(count, series.attributes, context=_NO_EXEMPLAR)
 
     def _new_series(self, key: tuple[Any, ...], op: Operation) -> _Series:
         if len(self._series) >= _MAX_SERIES_KINDS:  # unbounded model names: start over rather than grow

@@ -114,14 +114,18 @@ def test_metric_points_link_to_their_trace(otel: Captured) -> None:
     list(client.chat.completions.create(model="m", messages=MESSAGES, stream=True))
     span = otel.span()
     metrics = otel.metrics()  # one collection: the SDK hands out each exemplar once
-    for name in (sc.STABLE_NAMES.duration.name, sc.STABLE_NAMES.time_to_first_chunk.name):
+    names = sc.STABLE_NAMES
+    for name in (names.duration.name, names.time_to_first_chunk.name, names.time_per_output_token.name):
         (point,) = metrics[name]
         exemplars = point.exemplars
         assert [e.trace_id for e in exemplars] == [span.context.trace_id]
         assert exemplars[0].span_id == span.context.span_id
     # of a stream's chunk gaps, the longest one links to the trace
-    (gaps,) = metrics[sc.STABLE_NAMES.time_per_output_chunk.name]
+    (gaps,) = metrics[names.time_per_output_chunk.name]
     assert [e.value for e in gaps.exemplars] == [attributes(span)[sc.MAX_CHUNK_GAP]]
+    # counts are not latencies: no exemplars on them
+    counts = (names.prompt_length.name, names.token_usage.name)
+    assert all(not point.exemplars for name in counts for point in metrics[name])
 
 
 def test_span_is_current_only_while_the_sdk_call_runs(otel: Captured) -> None:

@@ -195,6 +195,40 @@ def test_known_compatible_provider_is_named(otel: Captured) -> None:
     assert attributes(otel.span())[sc.PROVIDER_NAME] == sc.PROVIDER_GROQ
 
 
+def test_a_client_pointed_elsewhere_reports_its_new_server(otel: Captured) -> None:
+    http, _ = wire.mock_client(openai_server(tokens=TOKENS, usage=USAGE))
+    client = openai.OpenAI(api_key="k", http_client=http)
+    client.chat.completions.create(model="m", messages=MESSAGES)
+    client.base_url = "https://api.groq.com:8443/openai/v1"  # type: ignore[assignment]
+    client.chat.completions.create(model="m", messages=MESSAGES)
+    first, second = (attributes(span) for span in otel.spans())
+    assert (first[sc.PROVIDER_NAME], first[sc.SERVER_ADDRESS], first[sc.SERVER_PORT]) == (
+        "openai", "api.openai.com", 443)
+    assert (second[sc.PROVIDER_NAME], second[sc.SERVER_ADDRESS], second[sc.SERVER_PORT]) == (
+        sc.PROVIDER_GROQ, "api.groq.com", 8443)
+
+
+@pytest.mark.parametrize(("parameters", "expected"), [
+    ({}, {}),
+    ({"temperature": 0.0, "top_p": 0.9, "frequency_penalty": -0.5, "presence_penalty": 1, "seed": 7},
+     {sc.REQUEST_TEMPERATURE: 0.0, sc.REQUEST_TOP_P: 0.9, sc.REQUEST_FREQUENCY_PENALTY: -0.5,
+      sc.REQUEST_PRESENCE_PENALTY: 1, sc.REQUEST_SEED: 7}),
+    ({"max_tokens": 50, "max_completion_tokens": 70}, {sc.REQUEST_MAX_TOKENS: 70}),  # the newer name wins
+    ({"max_tokens": 50}, {sc.REQUEST_MAX_TOKENS: 50}),
+    ({"n": 3, "stop": "END"}, {sc.REQUEST_CHOICE_COUNT: 3, sc.REQUEST_STOP_SEQUENCES: ("END",)}),
+    ({"n": 1, "stop": ["a", "b"]}, {sc.REQUEST_STOP_SEQUENCES: ("a", "b")}),
+    ({"temperature": None, "seed": True, "stop": None, "n": None}, {}),  # nothing that is not a number or text
+], ids=["none", "sampling", "max-completion-tokens", "max-tokens", "n-and-stop", "stop-list", "not-numbers"])
+def test_request_parameters_on_the_span(otel: Captured, parameters: dict[str, object],
+                                        expected: dict[str, object]) -> None:
+    client, _ = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
+    client.chat.completions.create(model="m", messages=MESSAGES, **parameters)  # type: ignore[call-overload]
+    attrs = attributes(otel.span())
+    names = (sc.REQUEST_TEMPERATURE, sc.REQUEST_TOP_P, sc.REQUEST_FREQUENCY_PENALTY, sc.REQUEST_PRESENCE_PENALTY,
+             sc.REQUEST_SEED, sc.REQUEST_MAX_TOKENS, sc.REQUEST_CHOICE_COUNT, sc.REQUEST_STOP_SEQUENCES)
+    assert {name: attrs[name] for name in names if name in attrs} == expected
+
+
 def test_azure_openai(otel: Captured) -> None:
     http, recorder = wire.mock_client(openai_server(tokens=TOKENS, usage=USAGE))
     client = openai.AzureOpenAI(api_key=API_KEY, api_version="2024-10-21", http_client=http,

@@ -52,23 +52,6 @@ def record_direct(histogram: Histogram, values: list[tuple[float, int]], context
     return series
 
 
-def test_direct_records_match_the_public_api() -> None:
-    rng = random.Random(5)
-    values = [(rng.lognormvariate(-4, 1), rng.randrange(2)) for _ in range(500)]
-    context = span_context()
-    public, direct = InMemoryMetricReader(), InMemoryMetricReader()
-    record_public(sdk_histogram(public), values, context)
-    histogram = Histogram(sdk_histogram(direct))
-    series = record_direct(histogram, values, context)
-    assert all(s._aggregations for s in series)  # the direct path was taken
-    assert points(direct) == points(public)
-    # and again after a collection: cumulative series keep counting into the same aggregations
-    for value, index in values[:50]:
-        series[index].record(value, TIME, _NO_EXEMPLAR)
-    counts = [sum(1 for _, index in values + values[:50] if index == i) for i in (0, 1)]
-    assert [point[1] for point in points(direct)] == counts
-
-
 class _EveryOtherValue(ExemplarFilter):
     """A filter that looks at the value, not only the context."""
 
@@ -76,8 +59,34 @@ class _EveryOtherValue(ExemplarFilter):
         return int(value * 1e6) % 2 == 0
 
 
-@pytest.mark.parametrize("exemplar_filter", [None, AlwaysOnExemplarFilter(), _EveryOtherValue()],
-                         ids=["trace-based", "always-on", "value-based"])
+FILTERS = pytest.mark.parametrize("exemplar_filter", [None, AlwaysOnExemplarFilter(), _EveryOtherValue()],
+                                  ids=["trace-based", "always-on", "value-based"])
+
+
+@FILTERS
+def test_direct_records_match_the_public_api(exemplar_filter: ExemplarFilter | None) -> None:
+    rng = random.Random(5)
+    values = [(rng.lognormvariate(-4, 1), rng.randrange(2)) for _ in range(500)]
+    context = span_context()
+    provider = {"exemplar_filter": exemplar_filter} if exemplar_filter else {}
+    public, direct = InMemoryMetricReader(), InMemoryMetricReader()
+    public_histogram = sdk_histogram(public, **provider)
+    record_public(public_histogram, values, context)
+    histogram = Histogram(sdk_histogram(direct, **provider))
+    series = record_direct(histogram, values, context)
+    assert all(s._aggregations for s in series)  # the direct path was taken
+    assert points(direct) == points(public)
+    # and again after a collection, recorded without a span: cumulative series keep counting into the same
+    # aggregations, and such values become exemplars only under a filter that samples without a span
+    record_public(public_histogram, values[:50], _NO_EXEMPLAR)
+    for value, index in values[:50]:
+        series[index].record(value, TIME)
+    assert points(direct) == points(public)
+    counts = [sum(1 for _, index in values + values[:50] if index == i) for i in (0, 1)]
+    assert [point[1] for point in points(direct)] == counts
+
+
+@FILTERS
 def test_a_batch_of_gaps_matches_one_public_record_each(exemplar_filter: ExemplarFilter | None) -> None:
     rng = random.Random(7)
     gaps_ns = [int(rng.lognormvariate(16, 1)) for _ in range(300)]

@@ -60,18 +60,28 @@ _RESPONSES_FINAL_EVENTS = frozenset({"response.completed", "response.incomplete"
 def _provider_and_server(resource: Any) -> tuple[str, str | None, int | None]:
     client = getattr(resource, "_client", None)
     url = getattr(client, "base_url", None)
+    client_type = type(client)
+    cached = _servers.get(id(url))
+    if cached is not None and cached[0] is url and cached[1] is client_type:
+        return cached[2]
     host: str | None = getattr(url, "host", None) or None
     port: int | None = None
     if url is not None:
         port = url.port or (443 if url.scheme == "https" else 80)
-    client_type = type(client).__name__
-    if "Azure" in client_type or (host is not None and host.endswith(".openai.azure.com")):
+    if "Azure" in client_type.__name__ or (host is not None and host.endswith(".openai.azure.com")):
         provider = sc.PROVIDER_AZURE_OPENAI
-    elif "Bedrock" in client_type:
+    elif "Bedrock" in client_type.__name__:
         provider = sc.PROVIDER_AWS_BEDROCK
     else:
         provider = _KNOWN_HOSTS.get(host or "", sc.PROVIDER_OPENAI)
+    if len(_servers) >= 256:  # clients made per request: start over rather than grow
+        _servers.clear()
+    _servers[id(url)] = (url, client_type, (provider, host, port))
     return provider, host, port
+
+
+# id(base URL) -> (that URL, the client's type, what they tell): a client's URL object is read once, not per call
+_servers: dict[int, tuple[Any, type, tuple[str, str | None, int | None]]] = {}
 
 
 def _number(value: object) -> float | int | None:
@@ -108,22 +118,32 @@ def _message_content(value: object) -> object:
     return dump() if callable(dump) else str(value)
 
 
+_NUMERIC_PARAMETERS: Mapping[str, str] = {
+    "temperature": sc.REQUEST_TEMPERATURE,
+    "top_p": sc.REQUEST_TOP_P,
+    "frequency_penalty": sc.REQUEST_FREQUENCY_PENALTY,
+    "presence_penalty": sc.REQUEST_PRESENCE_PENALTY,
+    "seed": sc.REQUEST_SEED,
+}
+_MAX_TOKENS_PARAMETERS = ("max_completion_tokens", "max_tokens", "max_output_tokens")  # the first given wins
+_PARAMETERS = frozenset((*_NUMERIC_PARAMETERS, *_MAX_TOKENS_PARAMETERS, "n", "stop"))
+
+
 def _request_parameters(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     attributes: dict[str, Any] = {}
-    for key, name in (
-        ("temperature", sc.REQUEST_TEMPERATURE),
-        ("top_p", sc.REQUEST_TOP_P),
-        ("frequency_penalty", sc.REQUEST_FREQUENCY_PENALTY),
-        ("presence_penalty", sc.REQUEST_PRESENCE_PENALTY),
-        ("seed", sc.REQUEST_SEED),
-    ):
-        value = _number(kwargs.get(key))
-        if value is not None:
+    given = kwargs.keys() & _PARAMETERS  # most calls pass none of them: look only at what was passed
+    if not given:
+        return attributes
+    for key in given:
+        name = _NUMERIC_PARAMETERS.get(key)
+        value = _number(kwargs[key])
+        if name is not None and value is not None:
             attributes[name] = value
-    max_tokens = _number(kwargs.get("max_completion_tokens")) or _number(kwargs.get("max_tokens")) \
-        or _number(kwargs.get("max_output_tokens"))
-    if max_tokens is not None:
-        attributes[sc.REQUEST_MAX_TOKENS] = max_tokens
+    for key in _MAX_TOKENS_PARAMETERS:
+        value = _number(kwargs.get(key))
+        if value:
+            attributes[sc.REQUEST_MAX_TOKENS] = value
+            break
     n = _number(kwargs.get("n"))
     if n is not None and n != 1:
         attributes[sc.REQUEST_CHOICE_COUNT] = n
