@@ -21,6 +21,7 @@ from otel_llm import _semconv as sc
 from otel_llm._operation import Operation, Request
 from otel_llm._recording import _NO_EXEMPLAR, Histogram, Series
 from otel_llm._safety import report_failure
+from otel_llm._spans import set_attributes
 
 if TYPE_CHECKING:
     from opentelemetry._logs import Logger
@@ -136,7 +137,7 @@ class Telemetry:
         if op.response_model is not None:
             attributes[sc.RESPONSE_MODEL] = op.response_model
         if op.finish_reasons:
-            attributes[sc.RESPONSE_FINISH_REASONS] = op.finish_reasons
+            attributes[sc.RESPONSE_FINISH_REASONS] = tuple(op.finish_reasons)
         for key, value in (
             (sc.USAGE_INPUT_TOKENS, op.input_tokens),
             (sc.USAGE_OUTPUT_TOKENS, op.output_tokens),
@@ -175,7 +176,7 @@ class Telemetry:
             span.set_status(Status(StatusCode.ERROR, op.error_type))
             if exception is not None and not isinstance(exception, asyncio.CancelledError):
                 span.record_exception(exception)
-        span.set_attributes(attributes)
+        set_attributes(span, attributes)
         span.end(end_time=end_epoch_ns)
 
     def _emit_event(self, op: Operation, logger: Logger) -> None:
