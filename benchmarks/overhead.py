@@ -29,7 +29,6 @@ import os
 import statistics
 import sys
 import time
-from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -235,7 +234,7 @@ def finish_ns(content_chunks: int, telemetry: Telemetry, repeat: int, *, gaps: b
 
     def once() -> int:
         op = telemetry.begin(request)
-        op.gaps_ns = array("q") if gaps else None
+        op.record_gaps = gaps
         proxy = StreamProxy(iter(chunks), op, telemetry, endpoint.observe)
         for _ in range(len(chunks) - 1):
             next(proxy)

@@ -34,14 +34,14 @@ class Operation:
     start_ns: int
     start_epoch_ns: int
     span: Any = None
-    # stream bookkeeping, O(1) per chunk (see _stream._chunk_handler)
     headers_ns: int = 0
+    last_activity_ns: int = 0  # start, headers: what is known to have happened before any content
+    # stream bookkeeping, O(1) per chunk (see _stream._chunk_handler): content chunk times and the gaps between them
     first_content_ns: int = 0
     last_content_ns: int = 0
-    last_activity_ns: int = 0
-    content_chunks: int = 0
-    max_gap_ns: int = 0
     gaps_ns: array[int] | None = None
+    record_gaps: bool = False  # this stream's gaps go to the chunk gap histogram (OTEL_LLM_CHUNK_GAP_SAMPLE_RATE)
+    max_gap_ns: int = 0  # worked out at the finish
     # the caller asked for no usage chunk; we did, so it must not reach the caller
     hide_usage_chunk: bool = False
     # response facts
@@ -66,6 +66,14 @@ class Operation:
     end_ns: int = 0
     finished: bool = False
 
+    @property
+    def content_chunks(self) -> int:
+        return len(self.gaps_ns) + 1 if self.first_content_ns and self.gaps_ns is not None else 0
+
+    def last_activity(self) -> int:
+        """When the operation was last seen doing something: where an abandoned stream ends."""
+        return max(self.last_activity_ns, self.last_content_ns)
+
     def close(self, end_ns: int, error_type: str | None) -> bool:
         """Mark the operation finished; True only the first time, so every operation finishes exactly once. An error
         type the adapter named already (the service's error code behind a generic exception class) is kept."""
@@ -73,6 +81,8 @@ class Operation:
             return False
         self.finished = True
         self.end_ns = end_ns
+        if self.gaps_ns:
+            self.max_gap_ns = max(self.gaps_ns)
         if error_type is not None and self.error_type is None:
             self.error_type = error_type
         return True

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from itertools import chain, compress, repeat
+from operator import is_
 from typing import Any
 
 _log = logging.getLogger("otel_llm")
@@ -61,11 +63,14 @@ def _plain(attributes: Mapping[str, Any]) -> bool:
     """Keys non-empty str; values str, bool, int, float or a tuple of str."""
     if set(map(type, attributes)) - {str} or "" in attributes:
         return False
-    kinds = set(map(type, attributes.values()))
-    if kinds <= _PLAIN:
+    values = list(attributes.values())
+    kinds = list(map(type, values))
+    if set(kinds) <= _PLAIN:
         return True
-    return kinds - _PLAIN == {tuple} and all(
-        set(map(type, value)) <= {str} for value in attributes.values() if type(value) is tuple)
+    if set(kinds) - _PLAIN != {tuple}:
+        return False
+    tuples = compress(values, map(is_, kinds, repeat(tuple)))
+    return set(map(type, chain.from_iterable(tuples))) <= {str}
 
 
 def _off() -> None:

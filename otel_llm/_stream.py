@@ -9,6 +9,7 @@ They subclass wrapt's proxy so ``isinstance(proxy, openai.Stream)`` and every SD
 from __future__ import annotations
 
 import time
+from array import array
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -32,10 +33,12 @@ Adopt = Callable[["Operation", Any], Any]
 
 
 def _chunk_handler(op: Operation, observe: Observe) -> Callable[[Any], bool]:
-    """The per-chunk step shared by both proxies: O(1), locals only, no allocation but an optional gap entry.
-    Returns True when the chunk must be hidden from the caller."""
+    """The per-chunk step shared by both proxies: a clock read and one gap entry per content chunk, nothing else
+    (counts and the longest gap are worked out at the finish). Returns True when the chunk must be hidden."""
     clock = time.perf_counter_ns
     gaps = op.gaps_ns
+    if gaps is None:
+        gaps = op.gaps_ns = array("q")
 
     def accept(chunk: Any) -> bool:
         try:
@@ -47,15 +50,10 @@ def _chunk_handler(op: Operation, observe: Observe) -> Callable[[Any], bool]:
             now = clock()
             last = op.last_content_ns
             if last:
-                gap = now - last
-                if gap > op.max_gap_ns:
-                    op.max_gap_ns = gap
-                if gaps is not None:
-                    gaps.append(gap)
+                gaps.append(now - last)
             else:
                 op.first_content_ns = now
-            op.last_content_ns = op.last_activity_ns = now
-            op.content_chunks += 1
+            op.last_content_ns = now
             return False
         return kind == HIDDEN
 
@@ -124,7 +122,7 @@ class _StreamLifecycle(wrapt.ObjectProxy[Any]):
             op = self._self_op
             if not op.finished:
                 # nobody closed it: end where activity was last seen, not at collection time
-                self._self_telemetry.finish(op, sc.ERROR_ABANDONED, end_ns=op.last_activity_ns)
+                self._self_telemetry.finish(op, sc.ERROR_ABANDONED, end_ns=op.last_activity())
         except Exception:
             report_failure("stream finalizer")
 
@@ -220,7 +218,7 @@ class _ResponseLifecycle(wrapt.ObjectProxy[Any]):
         try:
             op = self._self_op
             if not op.finished and self._self_parsed is None:
-                self._self_telemetry.finish(op, sc.ERROR_ABANDONED, end_ns=op.last_activity_ns)
+                self._self_telemetry.finish(op, sc.ERROR_ABANDONED, end_ns=op.last_activity())
         except Exception:
             report_failure("response finalizer")
 

@@ -79,18 +79,16 @@ class Telemetry:
     # --- lifecycle -------------------------------------------------------------------------------------------
 
     def begin(self, request: Request) -> Operation:
-        """Open the span; the clock starts last, just before the caller issues the request."""
+        """Open the span; the clock starts last, just before the caller issues the request. The span starts with
+        the attributes semconv marks as relevant to sampling; the rest are set with the outcome at the finish."""
         attributes = _identity(request)
-        attributes[sc.REQUEST_STREAM] = request.stream
-        if request.prompt_chars is not None:
-            attributes[sc.PROMPT_LENGTH] = request.prompt_chars
-        attributes.update(request.attributes)
         name = f"{request.operation} {request.model}" if request.model else request.operation
         start_epoch_ns = time.time_ns()
         span = self._tracer.start_span(name, kind=SpanKind.CLIENT, attributes=attributes, start_time=start_epoch_ns)
         op = Operation(request=request, start_ns=0, start_epoch_ns=start_epoch_ns, span=span)
-        if request.stream and self._gap_rate and (self._gap_rate >= 1.0 or random.random() < self._gap_rate):
+        if request.stream:
             op.gaps_ns = array("q")
+            op.record_gaps = self._gap_rate >= 1.0 or (self._gap_rate > 0 and random.random() < self._gap_rate)
         op.start_ns = op.last_activity_ns = time.perf_counter_ns()
         return op
 
@@ -131,7 +129,11 @@ class Telemetry:
         if not span.is_recording():
             span.end(end_time=end_epoch_ns)
             return
-        attributes: dict[str, Any] = {}
+        request = op.request
+        attributes: dict[str, Any] = {sc.REQUEST_STREAM: request.stream}
+        if request.prompt_chars is not None:
+            attributes[sc.PROMPT_LENGTH] = request.prompt_chars
+        attributes.update(request.attributes)
         if op.response_id is not None:
             attributes[sc.RESPONSE_ID] = op.response_id
         if op.response_model is not None:
@@ -148,11 +150,11 @@ class Telemetry:
         ):
             if value is not None:
                 attributes[key] = value
-        if op.request.stream:
-            attributes[sc.CONTENT_CHUNKS] = op.content_chunks
+        if request.stream:
+            chunks = attributes[sc.CONTENT_CHUNKS] = op.content_chunks
             if op.first_content_ns:
                 attributes[sc.RESPONSE_TIME_TO_FIRST_CHUNK] = (op.first_content_ns - op.start_ns) / _NS
-            if op.content_chunks > 1:
+            if chunks > 1:
                 attributes[sc.MAX_CHUNK_GAP] = op.max_gap_ns / _NS
             tpot = _time_per_output_token(op)
             if tpot is not None:
@@ -207,7 +209,7 @@ class Telemetry:
         if request.stream:
             if op.first_content_ns:
                 series.time_to_first_chunk.record((op.first_content_ns - op.start_ns) / _NS, now, ctx)
-            if op.gaps_ns:  # the longest gap links to the trace
+            if op.record_gaps and op.gaps_ns:  # the longest gap links to the trace
                 series.chunk_gap.record_ns(op.gaps_ns, now, ctx, op.max_gap_ns)
             tpot = _time_per_output_token(op)
             if tpot is not None:

@@ -222,6 +222,17 @@ def test_client_version_outside_the_known_range_is_skipped(caplog: pytest.LogCap
                           wrapt.FunctionWrapper)
 
 
+def test_unsampled_streams_keep_their_span_figures_but_record_no_gaps(instrument: Instrument) -> None:
+    captured = instrument(OTEL_LLM_CHUNK_GAP_SAMPLE_RATE="0")
+    client, _ = sync_client(openai_server(tokens=["a", "b", "c", "d"], usage=USAGE, delays=[0, 0, 0.001, 0.02, 0.001]))
+    list(client.chat.completions.create(model="m", messages=MESSAGES, stream=True))
+    attrs = attributes(captured.span())
+    assert attrs[sc.CONTENT_CHUNKS] == 4
+    assert 0.02 <= attrs[sc.MAX_CHUNK_GAP] < 0.03
+    assert captured.points(sc.STABLE_NAMES.time_per_output_chunk.name) == []
+    assert captured.point(sc.STABLE_NAMES.time_to_first_chunk.name).count == 1
+
+
 def test_usage_injection_can_be_turned_off(instrument: Instrument) -> None:
     captured = instrument(OTEL_LLM_STREAM_USAGE="false")
     client, recorder = sync_client(openai_server(tokens=TOKENS, usage=USAGE))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from otel_llm._calls import hook
@@ -31,11 +32,17 @@ class ResponseHeaders:
         self._wanted = {name.encode(): name for name in names}
 
     def read(self, op: Operation, headers: Any) -> None:
-        """Rate-limit headroom and retry-after, in one pass over the raw headers (a lookup per name costs more)."""
+        """Rate-limit headroom and retry-after from the raw headers, their names lower-cased once (the client's own
+        lookup by name walks every header each time)."""
+        raw = getattr(headers, "raw", None)
+        if not raw:
+            return
+        # lower-cased names to values, built at C speed: a Python step per header costs more than the lookups
+        values = dict(zip(map(bytes.lower, map(itemgetter(0), raw)), map(itemgetter(1), raw), strict=True))
         found: dict[str, float] = {}
-        for key, value in getattr(headers, "raw", ()):
-            name = self._wanted.get(key.lower())
-            if name is not None:
+        for wanted, name in self._wanted.items():
+            value = values.get(wanted)
+            if value is not None:
                 number = _number(value)
                 if number is not None:
                     found[name] = number
