@@ -89,6 +89,13 @@ def _handler(events: list[bytes], plain: bytes) -> Callable[[httpx2.Request], ht
     return handle
 
 
+def client_for(chunks: int) -> openai.OpenAI:
+    """The real client over its own transport: streams of ``chunks`` content chunks, or one completion as long."""
+    events, plain = _body(max(chunks, 1))
+    transport = httpx2.MockTransport(_handler(events, plain))
+    return openai.OpenAI(api_key="k", http_client=httpx2.Client(transport=transport))
+
+
 def _async_handler(events: list[bytes], plain: bytes) -> Callable[[httpx2.Request], Any]:
     sync = _handler(events, plain)
 
@@ -161,8 +168,7 @@ def side_by_side(workload: Workload, blocks: int) -> tuple[float, float, float, 
         def one_block(n: int) -> list[Sample]:
             return asyncio.run(batch(n))
     else:
-        client = openai.OpenAI(api_key="k", http_client=httpx2.Client(
-            transport=httpx2.MockTransport(_handler(events, plain))))
+        client = client_for(workload.chunks)
         run = run_sync_stream if workload.chunks else run_plain
 
         def one_block(n: int) -> list[Sample]:
@@ -187,9 +193,7 @@ def side_by_side(workload: Workload, blocks: int) -> tuple[float, float, float, 
 
 
 def _real_chunks(count: int) -> list[Any]:
-    events, plain = _body(count)
-    client = openai.OpenAI(api_key="k", http_client=httpx2.Client(
-        transport=httpx2.MockTransport(_handler(events, plain))))
+    client = client_for(count)
     return list(client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, stream=True,
                                                stream_options={"include_usage": True}))
 
@@ -248,9 +252,7 @@ def finish_ns(content_chunks: int, telemetry: Telemetry, repeat: int, *, gaps: b
 def plain_finish_ns(telemetry: Telemetry, repeat: int) -> float:
     """CPU ns of a non-streamed operation's finish (span end, duration, prompt length and usage records)."""
     endpoint = openai_adapter._CHAT
-    events, plain = _body(16)
-    client = openai.OpenAI(api_key="k", http_client=httpx2.Client(
-        transport=httpx2.MockTransport(_handler(events, plain))))
+    client = client_for(16)
     completion = client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES)
     request = endpoint.describe(client.chat.completions, {"model": "gpt-4o-mini", "messages": MESSAGES},
                                 telemetry.settings)
@@ -267,9 +269,7 @@ def plain_finish_ns(telemetry: Telemetry, repeat: int) -> float:
 
 def plain_call_ns(telemetry: Telemetry, repeat: int) -> float:
     """CPU ns our wrapper adds around a non-streaming create(): describe, span, hooks' work, read, finish."""
-    events, plain = _body(16)
-    client = openai.OpenAI(api_key="k", http_client=httpx2.Client(
-        transport=httpx2.MockTransport(_handler(events, plain))))
+    client = client_for(16)
     completion = client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES)
     headers = httpx2.Headers(wire.openai_ratelimit_headers(500, 499, 9000, 8000))
     resource = client.chat.completions
@@ -304,9 +304,7 @@ def rss_bytes() -> int:
 
 
 def memory_growth(requests: int) -> tuple[int, int]:
-    events, plain = _body(16)
-    client = openai.OpenAI(api_key="k", http_client=httpx2.Client(
-        transport=httpx2.MockTransport(_handler(events, plain))))
+    client = client_for(16)
     # spans exported (and dropped) as they end: a batch queue filling up would be counted as our growth
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(_DropSpans()))

@@ -34,6 +34,7 @@ class Operation:
     start_ns: int
     start_epoch_ns: int
     span: Any = None
+    context: Any = None  # a Context holding the span: current during the SDK call, carried by metric records
     headers_ns: int = 0
     last_activity_ns: int = 0  # start, headers: what is known to have happened before any content
     # stream bookkeeping, O(1) per chunk (see _stream._chunk_handler): content chunk times and the gaps between them

@@ -85,7 +85,8 @@ class Telemetry:
         name = f"{request.operation} {request.model}" if request.model else request.operation
         start_epoch_ns = time.time_ns()
         span = self._tracer.start_span(name, kind=SpanKind.CLIENT, attributes=attributes, start_time=start_epoch_ns)
-        op = Operation(request=request, start_ns=0, start_epoch_ns=start_epoch_ns, span=span)
+        op = Operation(request=request, start_ns=0, start_epoch_ns=start_epoch_ns, span=span,
+                       context=trace.set_span_in_context(span))
         if request.stream:
             op.gaps_ns = array("q")
             op.record_gaps = self._gap_rate >= 1.0 or (self._gap_rate > 0 and random.random() < self._gap_rate)
@@ -94,7 +95,7 @@ class Telemetry:
 
     def activate(self, op: Operation) -> object:
         """Make the span current while the SDK call runs (retries, HTTP spans of other instrumentations)."""
-        return otel_context.attach(trace.set_span_in_context(op.span))
+        return otel_context.attach(op.context)
 
     def deactivate(self, token: object) -> None:
         otel_context.detach(token)  # type: ignore[arg-type]
@@ -188,7 +189,7 @@ class Telemetry:
             attributes[sc.RESPONSE_ID] = op.response_id
         attributes.update(_content_attributes(op))
         logger.emit(event_name=sc.EVENT_OPERATION_DETAILS, attributes=attributes,
-                    context=trace.set_span_in_context(op.span),
+                    context=op.context,
                     timestamp=op.start_epoch_ns + (op.end_ns - op.start_ns))
 
     def _record_metrics(self, op: Operation) -> None:
@@ -201,7 +202,7 @@ class Telemetry:
                 if value is not None and op.rate_limits_ns >= latest.get(gauge_key, (0.0, 0))[1]:
                     latest[gauge_key] = (value, op.rate_limits_ns)
         now = time.time_ns()
-        ctx = trace.set_span_in_context(op.span)
+        ctx = op.context
         # exemplars link a slow latency bucket to its trace; counts (prompt length, tokens) carry none
         if request.prompt_chars is not None:
             series.prompt_length.record(request.prompt_chars, now)

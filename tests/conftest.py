@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 # our own failures must fail the tests instead of being logged and swallowed; set before otel_llm is imported
@@ -93,6 +94,16 @@ def instrument(monkeypatch: pytest.MonkeyPatch) -> Iterator[Instrument]:
 @pytest.fixture
 def otel(instrument: Instrument) -> Captured:
     return instrument()
+
+
+@pytest.fixture
+def steady_clock() -> Iterator[None]:
+    """No garbage collection while a test compares our clock reads with the caller's: a collection of the whole
+    suite's heap can pause the thread for milliseconds between the two, which is neither side's error."""
+    gc.collect()
+    gc.disable()
+    yield
+    gc.enable()
 
 
 def openai_server(*, tokens: list[str], usage: wire.Usage, **stream_options: Any) -> Callable[

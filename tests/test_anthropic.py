@@ -766,6 +766,7 @@ def observe_async(base_url: str) -> list[Observation]:
     return asyncio.run(main())
 
 
+@pytest.mark.usefixtures("steady_clock")
 @pytest.mark.parametrize("observe", [observe_sync, observe_async], ids=["sync", "async"])
 def test_ttft_gaps_and_duration_match_the_callers_observation(otel: Captured, observe: Any) -> None:
     with wire.LoopbackServer(loopback_reply) as server:

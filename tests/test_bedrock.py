@@ -340,6 +340,7 @@ def content_gaps(arrivals: list[tuple[int, bool]]) -> list[float]:
     return [(b - a) / 1e9 for a, b in itertools.pairwise(content)]
 
 
+@pytest.mark.usefixtures("steady_clock")
 @pytest.mark.parametrize("call", [CONVERSE_STREAM, INVOKE_CLAUDE_STREAM], ids=stream_ids)
 def test_ttft_gaps_and_duration_match_the_callers_observation(otel: Captured, call: StreamCall) -> None:
     events = call.events(TIMING_TOKENS, TIMING_USAGE, None)

@@ -27,6 +27,7 @@ USAGE = wire.Usage(input=20, output=5)
 HEADERS_DELAY = 0.08
 DELAYS = [0.04, 0.0, 0.0225, 0.045, 0.072, 0.0285]
 MS = 1e-3
+pytestmark = pytest.mark.usefixtures("steady_clock")
 
 
 def reply(request: wire.RecordedRequest) -> wire.Reply:
