@@ -37,7 +37,7 @@ class Operation:
     context: Any = None  # a Context holding the span: current during the SDK call, carried by metric records
     headers_ns: int = 0
     last_activity_ns: int = 0  # start, headers: what is known to have happened before any content
-    # stream bookkeeping, O(1) per chunk (see _stream._chunk_handler): content chunk times and the gaps between them
+    # stream bookkeeping, O(1) per chunk (see _stream._sync_step): content chunk times and the gaps between them
     first_content_ns: int = 0
     last_content_ns: int = 0
     gaps_ns: array[int] | None = None

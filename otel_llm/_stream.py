@@ -32,40 +32,15 @@ Observe = Callable[["Operation", Any], int]
 Adopt = Callable[["Operation", Any], Any]
 
 
-def _chunk_handler(op: Operation, observe: Observe) -> Callable[[Any], bool]:
-    """The per-chunk step shared by both proxies: a clock read and one gap entry per content chunk, nothing else
-    (counts and the longest gap are worked out at the finish). Returns True when the chunk must be hidden."""
-    clock = time.perf_counter_ns
-    gaps = op.gaps_ns
-    if gaps is None:
-        gaps = op.gaps_ns = array("q")
-
-    def accept(chunk: Any) -> bool:
-        try:
-            kind = observe(op, chunk)
-        except Exception:
-            report_failure("stream chunk")
-            return False
-        if kind == CONTENT:
-            now = clock()
-            last = op.last_content_ns
-            if last:
-                gaps.append(now - last)
-            else:
-                op.first_content_ns = now
-            op.last_content_ns = now
-            return False
-        return kind == HIDDEN
-
-    return accept
+# The I/O steps, one per way of waiting for a chunk. Each notes a chunk in its own body, O(1): a clock read and a
+# gap entry per content chunk (counts and the longest gap are worked out at the finish); a function call per chunk
+# would cost more than the lines it saves. They hold the operation, never the proxy, so a dropped stream is freed
+# (and finalized) at once.
 
 
-# The I/O steps: they hold the operation, never the proxy, so a dropped stream is freed (and finalized) at once.
-
-
-def _sync_step(next_chunk: Callable[[], Any], accept: Callable[[Any], bool], op: Operation,
+def _sync_step(next_chunk: Callable[[], Any], observe: Observe, op: Operation,
                telemetry: Telemetry) -> Callable[[], Any]:
-    finish = telemetry.finish
+    finish, clock, gaps = telemetry.finish, time.perf_counter_ns, _gaps(op)
 
     def step() -> Any:
         while True:
@@ -77,15 +52,28 @@ def _sync_step(next_chunk: Callable[[], Any], accept: Callable[[Any], bool], op:
             except BaseException as exc:
                 finish(op, exc)
                 raise
-            if not accept(chunk):
+            try:
+                kind = observe(op, chunk)
+            except Exception:
+                report_failure("stream chunk")
+                return chunk
+            if kind == CONTENT:
+                now = clock()
+                if op.last_content_ns:
+                    gaps.append(now - op.last_content_ns)
+                else:
+                    op.first_content_ns = now
+                op.last_content_ns = now
+                return chunk
+            if kind != HIDDEN:
                 return chunk
 
     return step
 
 
-def _async_step(next_chunk: Callable[[], Awaitable[Any]], accept: Callable[[Any], bool], op: Operation,
+def _async_step(next_chunk: Callable[[], Awaitable[Any]], observe: Observe, op: Operation,
                 telemetry: Telemetry) -> Callable[[], Awaitable[Any]]:
-    finish = telemetry.finish
+    finish, clock, gaps = telemetry.finish, time.perf_counter_ns, _gaps(op)
 
     async def step() -> Any:
         while True:
@@ -97,10 +85,29 @@ def _async_step(next_chunk: Callable[[], Awaitable[Any]], accept: Callable[[Any]
             except BaseException as exc:
                 finish(op, exc)
                 raise
-            if not accept(chunk):
+            try:
+                kind = observe(op, chunk)
+            except Exception:
+                report_failure("stream chunk")
+                return chunk
+            if kind == CONTENT:
+                now = clock()
+                if op.last_content_ns:
+                    gaps.append(now - op.last_content_ns)
+                else:
+                    op.first_content_ns = now
+                op.last_content_ns = now
+                return chunk
+            if kind != HIDDEN:
                 return chunk
 
     return step
+
+
+def _gaps(op: Operation) -> array[int]:
+    if op.gaps_ns is None:
+        op.gaps_ns = array("q")
+    return op.gaps_ns
 
 
 class _StreamLifecycle(wrapt.ObjectProxy[Any]):
@@ -111,7 +118,6 @@ class _StreamLifecycle(wrapt.ObjectProxy[Any]):
         super().__init__(wrapped)
         self._self_op = op
         self._self_telemetry = telemetry
-        self._self_accept = _chunk_handler(op, observe)
 
     def _self_closed(self) -> None:
         """The consumer closed the stream; before its end that is a cancellation."""
@@ -130,7 +136,7 @@ class _StreamLifecycle(wrapt.ObjectProxy[Any]):
 class StreamProxy(_StreamLifecycle):
     def __init__(self, wrapped: Any, op: Operation, telemetry: Telemetry, observe: Observe) -> None:
         super().__init__(wrapped, op, telemetry, observe)
-        self._self_next = _sync_step(wrapped.__next__, self._self_accept, op, telemetry)
+        self._self_next = _sync_step(wrapped.__next__, observe, op, telemetry)
 
     def __iter__(self) -> StreamProxy:
         return self
@@ -155,7 +161,7 @@ class StreamProxy(_StreamLifecycle):
 class AsyncStreamProxy(_StreamLifecycle):
     def __init__(self, wrapped: Any, op: Operation, telemetry: Telemetry, observe: Observe) -> None:
         super().__init__(wrapped, op, telemetry, observe)
-        self._self_next = _async_step(wrapped.__anext__, self._self_accept, op, telemetry)
+        self._self_next = _async_step(wrapped.__anext__, observe, op, telemetry)
 
     def __aiter__(self) -> AsyncStreamProxy:
         return self
