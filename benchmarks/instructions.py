@@ -74,9 +74,11 @@ def count(config: str, requests: int) -> int:
     return int(found.group(1).replace(",", ""))
 
 
-def per_request(config: str) -> float:
-    few, many = CONFIGS[config][3:]
-    return (count(config, many) - count(config, few)) / (many - few)
+def per_request(config: str, few: int | None = None, many: int | None = None) -> float:
+    few, many = few or CONFIGS[config][3], many or CONFIGS[config][4]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        low, high = pool.map(lambda requests: count(config, requests), (few, many))
+    return (high - low) / (many - few)
 
 
 def native_us(chunks: int) -> float:
@@ -108,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     if subprocess.run(["which", "valgrind"], capture_output=True).returncode:
         print("valgrind is not installed here: apt-get install valgrind", file=sys.stderr)
         return 1
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        counts = dict(zip(CONFIGS, pool.map(per_request, CONFIGS), strict=True))
+    counts = {config: per_request(config) for config in CONFIGS}
     print("otel_llm: instructions per request added to the openai client (valgrind cachegrind)")
     print(f"{'workload':<30} {'instructions':>14} {'added':>12} {'~us at client pace':>19}")
     for workload, chunks in (("stream 16", 16), ("stream 256", 256), ("non-streaming", 0)):
