@@ -30,7 +30,8 @@ __all__ = ["OtelLLMInstrumentor", "__version__", "instrument", "uninstrument"]
 
 
 def instrument(*, tracer_provider: Any = None, meter_provider: Any = None, logger_provider: Any = None) -> None:
-    """Patch every supported client that is installed. A second call is a no-op.
+    """Patch every supported client that is installed, when the application imports it (at once if it already has).
+    A second call is a no-op.
 
     Providers not given come from the global ones; when the application set none, from the ``OTEL_*`` variables.
     ``logger_provider`` is used only when message content goes out as events.

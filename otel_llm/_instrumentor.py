@@ -6,9 +6,11 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
-from collections.abc import Collection
+from collections.abc import Callable, Collection
+from types import ModuleType
 from typing import Any
 
+import wrapt
 from opentelemetry import metrics, trace
 from opentelemetry._logs import get_logger
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
@@ -31,6 +33,8 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         # BaseInstrumentor is a singleton whose __init__ runs on every construction: keep the patches we hold
         if not hasattr(self, "_patches"):
             self._patches = Patches()
+            # bumped by uninstrument(): import hooks registered before it then do nothing
+            self._generation = 0
 
     def instrumentation_dependencies(self) -> Collection[str]:
         # each client is optional and checked on its own when patching
@@ -50,16 +54,26 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             settings,
             logger,
         )
+        # A client is patched when the application imports it (at once if it already has): instrument() does not
+        # import clients the application never uses (botocore and anthropic alone take ~1 s).
         for adapter, package in ADAPTERS.items():
-            if importlib.util.find_spec(package) is None:
-                continue
+            if importlib.util.find_spec(package) is not None:
+                wrapt.register_post_import_hook(self._when_imported(adapter, package, telemetry), package)
+
+    def _when_imported(self, adapter: str, package: str, telemetry: Telemetry) -> Callable[[ModuleType], None]:
+        generation = self._generation
+
+        def patch(_: ModuleType) -> None:
+            if self._generation != generation:
+                return  # uninstrumented since
             try:
                 module = importlib.import_module(f"otel_llm.providers.{adapter}")
-            except Exception:
-                _log.warning("otel_llm: cannot load the %s adapter for the installed %s; skipped", adapter, package,
-                             exc_info=True)
-                continue
-            self._patches.apply(module.PROVIDER, telemetry)
+                self._patches.apply(module.PROVIDER, telemetry)
+            except Exception:  # never into the application's import
+                _log.warning("otel_llm: cannot instrument the installed %s; skipped", package, exc_info=True)
+
+        return patch
 
     def _uninstrument(self, **kwargs: Any) -> None:
+        self._generation += 1
         self._patches.remove()

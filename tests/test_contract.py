@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
+import textwrap
 
 import openai
 import pytest
@@ -22,7 +25,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import StatusCode
 
 import otel_llm
-from otel_llm import _safety
+from otel_llm import _instrumentor, _safety
 from otel_llm import _semconv as sc
 from otel_llm._patching import Patches, Provider
 from otel_llm.providers import openai as openai_adapter
@@ -210,6 +213,35 @@ def test_instrument_twice_is_a_no_op_and_uninstrument_restores_exactly(instrumen
         assert not isinstance(vars(owner).get(method), wrapt.FunctionWrapper), target
     client.chat.completions.create(model="m", messages=MESSAGES)
     assert len(captured.spans()) == 1
+
+
+def test_clients_are_patched_when_the_application_imports_them() -> None:
+    """instrument() imports no client itself: one the application never imports costs it nothing."""
+    program = textwrap.dedent("""
+        import sys
+        import otel_llm
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.trace import TracerProvider
+        otel_llm.instrument(tracer_provider=TracerProvider(), meter_provider=MeterProvider())
+        print(sorted(name for name in ("openai", "anthropic", "botocore") if name in sys.modules))
+        import openai.resources.chat.completions.completions as chat
+        print(type(vars(chat.Completions)["create"]).__name__)
+        otel_llm.uninstrument()
+        import anthropic.resources.messages.messages as messages
+        print(type(vars(messages.Messages)["create"]).__name__)
+    """)
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    # nothing imported by instrument(); openai patched on import; anthropic, imported after uninstrument(), not
+    assert result.stdout.split() == ["[]", "FunctionWrapper", "function"]
+
+
+def test_a_client_we_cannot_instrument_is_skipped_with_a_warning(
+        instrument: Instrument, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(_instrumentor, "ADAPTERS", {"no_such_adapter": "json"})  # json: installed and imported
+    with caplog.at_level(logging.WARNING, logger="otel_llm"):
+        instrument()  # the hook runs at once for an imported package, and must not raise
+    assert "cannot instrument the installed json; skipped" in caplog.text
 
 
 def test_client_version_outside_the_known_range_is_skipped(caplog: pytest.LogCaptureFixture) -> None:
