@@ -94,6 +94,8 @@ class Series:
     def record_ns(self, values_ns: Sequence[int], time_ns: int, context: Context, exemplar_ns: int) -> None:
         """Nanosecond values recorded in seconds, in order; the first equal to ``exemplar_ns`` carries ``context``,
         the others none (so by default only that one can become an exemplar)."""
+        if not values_ns:
+            return
         aggregations = self._direct()
         if aggregations and min(values_ns) >= 0:
             try:

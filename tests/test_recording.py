@@ -165,6 +165,7 @@ def test_values_the_sdk_refuses_are_refused_the_same_way() -> None:
     series = Histogram(sdk_histogram(reader)).series(ATTRIBUTES[0])
     for value in (0.5, 0.25, -1.0, float("nan"), 0.75):
         series.record(value, TIME, _NO_EXEMPLAR)
+    series.record_ns([], TIME, _NO_EXEMPLAR, -1)  # a stream without gaps: nothing
     ((*_, count, total, low, high, _, _),) = points(reader)
     assert (count, total, low, high) == (3, 1.5, 0.25, 0.75)
 
