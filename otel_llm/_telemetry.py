@@ -188,8 +188,7 @@ class Telemetry:
         if op.response_id is not None:
             attributes[sc.RESPONSE_ID] = op.response_id
         attributes.update(_content_attributes(op))
-        logger.emit(event_name=sc.EVENT_OPERATION_DETAILS, attributes=attributes,
-                    context=op.context,
+        logger.emit(event_name=sc.EVENT_OPERATION_DETAILS, attributes=attributes, context=op.context,
                     timestamp=op.start_epoch_ns + (op.end_ns - op.start_ns))
 
     def _record_metrics(self, op: Operation) -> None:
