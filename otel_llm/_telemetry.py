@@ -1,5 +1,6 @@
 """The telemetry core: instruments made once; an Operation begins a span and, when it finishes, becomes that
-span's attributes and its metric points. The only module that touches spans and meters."""
+span's attributes and its metric points. The only module that drives spans and meters; ``_spans`` and ``_recording``
+are its ways into the SDK's span and histogram internals, each with the public API as fallback."""
 
 from __future__ import annotations
 
