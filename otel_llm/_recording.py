@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from functools import reduce
 from itertools import repeat
+from math import inf
 from operator import add, truediv
 from typing import Any
 
@@ -75,19 +76,17 @@ class Series:
         """As ``Histogram.record(value, attributes, context)``; ``time_ns`` is the exemplar's time. Without a context
         the value carries no span, so it never becomes an exemplar under the default filter."""
         aggregations = self._direct()
-        if aggregations and value >= 0:  # negative and NaN values: the public API warns and drops them
+        if aggregations and 0 <= value < inf:  # negative, infinite and NaN values: the public API warns, drops them
             try:
+                # decided before anything is added: once a value is in, it must not go through the public API too
+                offers = self._offers((value,), time_ns, context, value if context is not None else None)
                 for aggregation in aggregations:
                     _add(aggregation, value)
-                if context is None:
-                    if self._context_only:
-                        return
-                    context = _NO_EXEMPLAR
-                if self._filter.should_sample(value, time_ns, self.attributes, context):
-                    self._offer(aggregations, value, time_ns, context)
-                return
             except Exception:
                 self._owner._off()
+            else:
+                self._offer(aggregations, offers, time_ns)
+                return
         self._owner._histogram.record(value, self.attributes, context=_NO_EXEMPLAR if context is None else context)
         self._resolve()
 
@@ -100,12 +99,14 @@ class Series:
         if aggregations and min(values_ns) >= 0:
             try:
                 seconds = list(map(truediv, values_ns, repeat(_NS, len(values_ns))))
+                offers = self._offers(seconds, time_ns, context, exemplar_ns / _NS)
                 for aggregation in aggregations:
                     _add_all(aggregation, seconds)
-                self._offer_batch(aggregations, seconds, time_ns, context, exemplar_ns / _NS)
-                return
             except Exception:
                 self._owner._off()
+            else:
+                self._offer(aggregations, offers, time_ns)
+                return
         record = self._owner._histogram.record
         for value in values_ns:
             record(value / _NS, self.attributes, context=context if value == exemplar_ns else _NO_EXEMPLAR)
@@ -124,25 +125,31 @@ class Series:
             self._aggregations = ()  # readers changed, the path is off, or the meter is disabled: look again
         return ()
 
-    def _offer(self, aggregations: tuple[Any, ...], value: float, time_ns: int, context: Context) -> None:
-        measurement = Measurement(value, time_ns, self._owner._histogram, context, None)
-        # no attributes on the measurement: they are the series' own, so exemplars keep none of them anyway
-        for aggregation in aggregations:
-            aggregation._sample_exemplar(measurement, True)
-
-    def _offer_batch(self, aggregations: tuple[Any, ...], seconds: list[float], time_ns: int, context: Context,
-                     exemplar: float) -> None:
+    def _offers(self, values: Sequence[float], time_ns: int, context: Context | None,
+                exemplar: float | None) -> list[tuple[float, Context]]:
+        """The values the exemplar filter samples, in order, each with its context: the first value equal to
+        ``exemplar`` carries ``context``, the others none, as the public API would see them."""
         should_sample, attributes = self._filter.should_sample, self.attributes
-        if self._context_only:
-            if should_sample(exemplar, time_ns, attributes, context):
-                self._offer(aggregations, exemplar, time_ns, context)
-            return
-        for value in seconds:  # a filter that may sample any value: each, in order, as the public API would
-            value_context = context if value == exemplar else _NO_EXEMPLAR
-            if value == exemplar:
-                exemplar = -1.0
+        if self._context_only:  # only a value recorded with a sampled span can be sampled
+            if exemplar is None or context is None or not should_sample(exemplar, time_ns, attributes, context):
+                return []
+            return [(exemplar, context)]
+        offers = []
+        for value in values:  # a filter that may sample any value: each, as the public API would
+            value_context = _NO_EXEMPLAR
+            if value == exemplar and context is not None:
+                value_context, exemplar = context, None
             if should_sample(value, time_ns, attributes, value_context):
-                self._offer(aggregations, value, time_ns, value_context)
+                offers.append((value, value_context))
+        return offers
+
+    def _offer(self, aggregations: tuple[Any, ...], offers: list[tuple[float, Context]], time_ns: int) -> None:
+        histogram = self._owner._histogram
+        for value, context in offers:
+            # no attributes on the measurement: they are the series' own, so exemplars keep none of them anyway
+            measurement = Measurement(value, time_ns, histogram, context, None)
+            for aggregation in aggregations:
+                aggregation._sample_exemplar(measurement, True)
 
     def _resolve(self) -> None:
         """After a public record: the aggregations it used for this series, where adding to them directly is safe."""

@@ -330,3 +330,21 @@ def test_callers_extra_body_is_kept_and_its_stream_options_respected(otel: Captu
     client.chat.completions.create(model="m", messages=MESSAGES, stream=True,
                                    extra_body={"stream_options": {"include_usage": False}}).close()
     assert recorder.requests[1].json["stream_options"] == {"include_usage": False}  # the caller decided
+
+
+class _Body:
+    """An extra_body that is not a Mapping but that the client merges all the same (it has keys())."""
+
+    def keys(self) -> list[str]:
+        return ["guided_json"]
+
+    def __getitem__(self, key: str) -> object:
+        return {"type": "object"}
+
+
+def test_an_extra_body_of_the_callers_own_kind_is_sent_untouched(otel: Captured) -> None:
+    client, recorder = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
+    list(client.chat.completions.create(model="m", messages=MESSAGES, stream=True,
+                                        extra_body=_Body()))  # type: ignore[arg-type]
+    assert recorder.requests[0].json["guided_json"] == {"type": "object"}
+    assert "stream_options" not in recorder.requests[0].json  # we do not rebuild it to ask for usage

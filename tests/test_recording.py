@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 from typing import Any
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.metrics import AlwaysOnExemplarFilter, ExemplarFilter, MeterProvider
+from opentelemetry.sdk.metrics import (
+    AlignedHistogramBucketExemplarReservoir,
+    AlwaysOnExemplarFilter,
+    ExemplarFilter,
+    MeterProvider,
+)
 from opentelemetry.sdk.metrics import Histogram as SdkHistogram
 from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader
 from opentelemetry.sdk.metrics.view import ExponentialBucketHistogramAggregation, View
@@ -163,7 +169,7 @@ def test_a_reader_added_later_sees_every_value_after_it() -> None:
 def test_values_the_sdk_refuses_are_refused_the_same_way() -> None:
     reader = InMemoryMetricReader()
     series = Histogram(sdk_histogram(reader)).series(ATTRIBUTES[0])
-    for value in (0.5, 0.25, -1.0, float("nan"), 0.75):
+    for value in (0.5, 0.25, -1.0, float("nan"), float("inf"), 0.75):
         series.record(value, TIME, _NO_EXEMPLAR)
     series.record_ns([], TIME, _NO_EXEMPLAR, -1)  # a stream without gaps: nothing
     ((*_, count, total, low, high, _, _),) = points(reader)
@@ -181,3 +187,23 @@ def test_internals_that_are_not_as_expected_fall_back() -> None:
     series.record_ns([30_000_000], TIME, _NO_EXEMPLAR, -1)
     assert histogram._consumer is None  # off for good, and nothing was lost
     assert points(reader)[0][1] == 3
+
+
+class _FailingReservoir(AlignedHistogramBucketExemplarReservoir):
+    """An exemplar reservoir (a user's own, say) that fails on large values."""
+
+    def offer(self, value: float, *args: Any) -> None:
+        if value > 1.0:
+            raise RuntimeError("reservoir failure")
+        super().offer(value, *args)
+
+
+def test_a_failure_after_the_value_is_in_never_counts_it_twice() -> None:
+    reader = InMemoryMetricReader()
+    view = View(instrument_name="h", exemplar_reservoir_factory=lambda _: _FailingReservoir)
+    series = Histogram(sdk_histogram(reader, views=[view])).series(ATTRIBUTES[0])
+    for value in (0.5, 0.5, 2.0):
+        with contextlib.suppress(RuntimeError):  # what the public API would raise too
+            series.record(value, TIME, span_context())
+    ((_, count, total, *_),) = points(reader)
+    assert (count, total) == (3, 3.0)

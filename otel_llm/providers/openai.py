@@ -141,7 +141,7 @@ def _request_parameters(kwargs: Mapping[str, Any]) -> dict[str, Any]:
             attributes[name] = value
     for key in _MAX_TOKENS_PARAMETERS:
         value = _number(kwargs.get(key))
-        if value:
+        if value is not None:
             attributes[sc.REQUEST_MAX_TOKENS] = value
             break
     n = _number(kwargs.get("n"))
@@ -252,7 +252,10 @@ class _Endpoint:
         # Through extra_body, which the client sends as is: a stream_options argument would cost the client ~100 us
         # (cold) of transforming its typed parameters, more than everything we do per request.
         extra = kwargs.get("extra_body")
-        extra = extra if isinstance(extra, Mapping) else {}
+        if extra is None:
+            extra = {}
+        elif not isinstance(extra, Mapping):
+            return kwargs  # a body of the caller's own kind: not ours to rebuild
         extra_options = extra.get("stream_options")
         extra_options = extra_options if isinstance(extra_options, Mapping) else {}
         if "include_usage" in extra_options:
