@@ -3,9 +3,12 @@ and ``otel_llm.instrument()`` drives the same object."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import logging
+import sys
+import threading
 from collections.abc import Callable, Collection
 from types import ModuleType
 from typing import Any
@@ -57,15 +60,23 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         # A client is patched when the application imports it (at once if it already has): instrument() does not
         # import clients the application never uses (botocore and anthropic alone take ~1 s).
         for adapter, package in ADAPTERS.items():
-            if importlib.util.find_spec(package) is not None:
-                wrapt.register_post_import_hook(self._when_imported(adapter, package, telemetry), package)
+            if importlib.util.find_spec(package) is None:
+                continue
+            patch = self._when_imported(adapter, package, telemetry)
+            wrapt.register_post_import_hook(patch, package)
+            if package not in sys.modules and _being_imported(package):
+                # another thread is importing it, past the point where it would have seen the hook: wait for that
+                # import (importing it here blocks until it is done), then patch; if it failed, there is nothing to
+                with contextlib.suppress(ImportError):
+                    patch(importlib.import_module(package))
 
     def _when_imported(self, adapter: str, package: str, telemetry: Telemetry) -> Callable[[ModuleType], None]:
         generation = self._generation
+        once = threading.Lock()
 
         def patch(_: ModuleType) -> None:
-            if self._generation != generation:
-                return  # uninstrumented since
+            if self._generation != generation or not once.acquire(blocking=False):
+                return  # uninstrumented since, or patched already
             try:
                 module = importlib.import_module(f"otel_llm.providers.{adapter}")
                 self._patches.apply(module.PROVIDER, telemetry)
@@ -77,3 +88,9 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     def _uninstrument(self, **kwargs: Any) -> None:
         self._generation += 1
         self._patches.remove()
+
+
+def _being_imported(name: str) -> bool:
+    """Whether some thread holds the import lock of module ``name`` (it is being imported right now)."""
+    locks = getattr(getattr(importlib, "_bootstrap", None), "_module_locks", None)
+    return isinstance(locks, dict) and name in locks

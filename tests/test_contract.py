@@ -236,6 +236,42 @@ def test_clients_are_patched_when_the_application_imports_them() -> None:
     assert result.stdout.split() == ["[]", "FunctionWrapper", "function"]
 
 
+def test_a_client_being_imported_by_another_thread_is_patched_once_that_import_is_done() -> None:
+    program = textwrap.dedent("""
+        import importlib.machinery, sys, threading, time
+        import otel_llm, wrapt
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.trace import TracerProvider
+
+        class SlowLoader:  # widens the window between the import finders and the module entering sys.modules
+            def __init__(self, loader): self.loader = loader
+            def create_module(self, spec):
+                time.sleep(0.5)
+                return self.loader.create_module(spec)
+            def exec_module(self, module): return self.loader.exec_module(module)
+
+        class SlowFinder:
+            def find_spec(self, name, path=None, target=None):
+                if name != "openai" or threading.current_thread().name != "importer":
+                    return None
+                spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+                spec.loader = SlowLoader(spec.loader)
+                return spec
+
+        sys.meta_path.insert(0, SlowFinder())
+        importer = threading.Thread(target=lambda: __import__("openai"), name="importer")
+        importer.start()
+        time.sleep(0.1)
+        otel_llm.instrument(tracer_provider=TracerProvider(), meter_provider=MeterProvider())
+        importer.join()
+        from openai.resources.chat.completions.completions import Completions
+        print(type(vars(Completions)["create"]).__name__, type(vars(Completions)["create"].__wrapped__).__name__)
+    """)
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["FunctionWrapper", "function"]  # patched, and once
+
+
 def test_a_client_we_cannot_instrument_is_skipped_with_a_warning(
         instrument: Instrument, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(_instrumentor, "ADAPTERS", {"no_such_adapter": "json"})  # json: installed and imported
