@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 
 # our own failures must fail the tests instead of being logged and swallowed; set before otel_llm is imported
 os.environ["OTEL_LLM_STRICT"] = "1"
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,8 +21,10 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 
 import otel_llm
+from otel_llm import _semconv as sc
 
 API_KEY = "sk-test-secret-key-123"
 BASE_URL = "https://api.openai.com/v1"
@@ -67,6 +70,35 @@ class Captured:
         points = self.points(name, **attributes)
         assert len(points) == 1, f"{name}: expected one point, got {[dict(p.attributes) for p in points]}"
         return points[0]
+
+    def assert_finished(self, error_type: str | None) -> None:
+        """The operation finished exactly once, with ``error_type`` (None: no error) on its span and duration."""
+        span = self.span()  # exactly one span: the operation finished once
+        assert attributes(span).get(sc.ERROR_TYPE) == error_type
+        assert span.status.status_code is (StatusCode.ERROR if error_type else StatusCode.UNSET)
+        duration = self.point(sc.STABLE_NAMES.duration.name)
+        assert duration.count == 1
+        assert duration.attributes.get(sc.ERROR_TYPE) == error_type
+
+    def assert_ended_at_first_token(self) -> None:
+        """An abandoned stream read up to its first token ended where activity was last seen, not at collection."""
+        span = self.span()
+        assert span.end_time is not None and span.start_time is not None
+        assert (span.end_time - span.start_time) / 1e9 == pytest.approx(
+            attributes(span)[sc.RESPONSE_TIME_TO_FIRST_CHUNK], abs=1e-6)
+
+
+def cancel_midway(consume: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run ``consume()`` as a task and cancel it 0.1 s in, as asyncio cancels a request handler."""
+
+    async def main() -> None:
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
 
 
 Instrument = Callable[..., Captured]

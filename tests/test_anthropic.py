@@ -17,7 +17,7 @@ import pytest
 import wire
 import wire_anthropic as wa
 import wrapt
-from conftest import Captured, Instrument, attributes
+from conftest import Captured, Instrument, attributes, cancel_midway
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -97,12 +97,6 @@ def rate_limit_attributes(limits: dict[str, tuple[int, int]]) -> dict[str, float
     return found
 
 
-def assert_finished(otel: Captured, error_type: str | None) -> None:
-    span = otel.span()  # exactly one span: the operation finished once
-    assert attributes(span).get(sc.ERROR_TYPE) == error_type
-    assert span.status.status_code is (StatusCode.ERROR if error_type else StatusCode.UNSET)
-    duration = otel.point(sc.STABLE_NAMES.duration.name)
-    assert duration.count == 1 and duration.attributes.get(sc.ERROR_TYPE) == error_type
 
 
 # --- one span, whole metric points -------------------------------------------------------------------------------
@@ -259,7 +253,7 @@ def test_exhausted_stream_finishes_without_error(otel: Captured) -> None:
     assert stream.response.status_code == 200
     assert len(list(stream)) == 8
     stream.close()  # closing after the end changes nothing
-    assert_finished(otel, None)
+    otel.assert_finished(None)
 
 
 def test_break_then_close_is_cancelled_and_keeps_what_was_measured(otel: Captured) -> None:
@@ -270,7 +264,7 @@ def test_break_then_close_is_cancelled_and_keeps_what_was_measured(otel: Capture
             break
     assert otel.spans() == []  # still open: the caller may come back to it
     stream.close()
-    assert_finished(otel, sc.ERROR_CANCELLED)
+    otel.assert_finished(sc.ERROR_CANCELLED)
     assert attributes(otel.span())[sc.CONTENT_CHUNKS] == 2
     assert otel.point(sc.STABLE_NAMES.time_to_first_chunk.name).count == 1
 
@@ -280,14 +274,14 @@ def test_with_block_exit_closes_the_stream(otel: Captured) -> None:
     with client.messages.create(**REQUEST, stream=True) as stream:
         assert next(iter(stream)).type == "message_start"
     assert stream.response.is_closed
-    assert_finished(otel, sc.ERROR_CANCELLED)
+    otel.assert_finished(sc.ERROR_CANCELLED)
 
 
 def test_with_block_after_the_end_is_not_an_error(otel: Captured) -> None:
     client, _ = sync_client([text_stream()])
     with client.messages.create(**REQUEST, stream=True) as stream:
         assert len(list(stream)) == 8
-    assert_finished(otel, None)
+    otel.assert_finished(None)
 
 
 def test_connection_lost_mid_stream_passes_through_and_is_recorded(otel: Captured) -> None:
@@ -299,7 +293,7 @@ def test_connection_lost_mid_stream_passes_through_and_is_recorded(otel: Capture
             received.append(event.type)
     assert received == ["message_start", "content_block_start", "content_block_delta"]
     assert raised.type is httpx2.RemoteProtocolError  # anthropic passes the transport's error on, and so do we
-    assert_finished(otel, "RemoteProtocolError")
+    otel.assert_finished("RemoteProtocolError")
     assert [event.name for event in otel.span().events] == ["exception"]
 
 
@@ -310,7 +304,7 @@ def test_error_event_mid_stream_is_the_sdks_error(otel: Captured, is_async: bool
         create(is_async, [wire.Reply.stream(events)], **REQUEST, stream=True)
     # the stream was a 200, so anthropic raises its base status error carrying the API's type, not OverloadedError
     assert type(raised.value) is anthropic.APIStatusError and raised.value.type == "overloaded_error"
-    assert_finished(otel, "APIStatusError")
+    otel.assert_finished("APIStatusError")
     assert attributes(otel.span())[sc.CONTENT_CHUNKS] == 2  # what came before the error is kept
     assert otel.point(sc.STABLE_NAMES.time_to_first_chunk.name).count == 1
 
@@ -322,15 +316,8 @@ def test_asyncio_cancellation_is_recorded_as_cancelled(otel: Captured) -> None:
         async for _ in await client.messages.create(**REQUEST, stream=True):
             pass
 
-    async def main() -> None:
-        task = asyncio.create_task(consume())
-        await asyncio.sleep(0.1)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
-    asyncio.run(main())
-    assert_finished(otel, sc.ERROR_CANCELLED)
+    cancel_midway(consume)
+    otel.assert_finished(sc.ERROR_CANCELLED)
     assert otel.span().events == ()  # a cancellation is not an exception to report
 
 
@@ -341,11 +328,8 @@ def test_abandoned_stream_finishes_when_collected_at_its_last_activity(otel: Cap
         next(stream)  # up to the first token
     del stream
     gc.collect()
-    assert_finished(otel, sc.ERROR_ABANDONED)
-    span = otel.span()
-    assert span.end_time is not None and span.start_time is not None
-    assert (span.end_time - span.start_time) / 1e9 == pytest.approx(
-        attributes(span)[sc.RESPONSE_TIME_TO_FIRST_CHUNK], abs=1e-6)
+    otel.assert_finished(sc.ERROR_ABANDONED)
+    otel.assert_ended_at_first_token()
 
 
 def test_async_stream_exhausted_in_a_with_block(otel: Captured) -> None:
@@ -361,7 +345,7 @@ def test_async_stream_exhausted_in_a_with_block(otel: Captured) -> None:
         return count
 
     assert asyncio.run(main()) == 8
-    assert_finished(otel, None)
+    otel.assert_finished(None)
 
 
 def test_async_break_then_close(otel: Captured) -> None:
@@ -374,7 +358,7 @@ def test_async_break_then_close(otel: Captured) -> None:
         await stream.close()
 
     asyncio.run(main())
-    assert_finished(otel, sc.ERROR_CANCELLED)
+    otel.assert_finished(sc.ERROR_CANCELLED)
 
 
 # --- the messages.stream() helper -----------------------------------------------------------------------------------
@@ -395,7 +379,7 @@ def test_stream_helper_is_exactly_as_without_us(instrument: Instrument) -> None:
     client, _ = sync_client([text_stream(delays=[0, 0, 0, 0.02])])
     assert use_helper(client) == without
     assert without["text"] == "Hello world" and without["request_id"] == wa.REQUEST_ID
-    assert_finished(otel, None)
+    otel.assert_finished(None)
     attrs = attributes(otel.span())
     assert attrs[sc.REQUEST_STREAM] is True and attrs[sc.PROMPT_LENGTH] == PROMPT_CHARS
     assert attrs[sc.RESPONSE_TIME_TO_FIRST_CHUNK] >= 0.02
@@ -410,7 +394,7 @@ def test_stream_helper_text_stream_and_final_text(otel: Captured) -> None:
         assert list(stream.text_stream) == TOKENS
         assert stream.get_final_text() == "Hello world"
         assert stream.get_final_message().usage.output_tokens == 3
-    assert_finished(otel, None)
+    otel.assert_finished(None)
 
 
 def test_stream_helper_early_exit_finishes_at_the_with_exit(otel: Captured) -> None:
@@ -420,7 +404,7 @@ def test_stream_helper_early_exit_finishes_at_the_with_exit(otel: Captured) -> N
             if event.type == "text":
                 break
         assert otel.spans() == []
-    assert_finished(otel, sc.ERROR_CANCELLED)
+    otel.assert_finished(sc.ERROR_CANCELLED)
     assert attributes(otel.span())[sc.CONTENT_CHUNKS] == 1
 
 
@@ -429,14 +413,14 @@ def test_stream_helper_error_event_reaches_get_final_message(otel: Captured) -> 
     client, _ = sync_client([wire.Reply.stream(events)])
     with client.messages.stream(**REQUEST) as stream, pytest.raises(anthropic.APIStatusError, match="api_error"):
         stream.get_final_message()
-    assert_finished(otel, "APIStatusError")
+    otel.assert_finished("APIStatusError")
 
 
 def test_stream_helper_refused_request_fails_the_with(otel: Captured) -> None:
     client, _ = sync_client([wa.rate_limited(0.01)])
     with pytest.raises(anthropic.RateLimitError), client.messages.stream(**REQUEST):
         pass
-    assert_finished(otel, "RateLimitError")
+    otel.assert_finished("RateLimitError")
     assert attributes(otel.span())[sc.RETRY_AFTER] == 0.01
 
 
@@ -449,7 +433,7 @@ def test_async_stream_helper(otel: Captured) -> None:
             return texts, await stream.get_final_text()
 
     assert asyncio.run(main()) == (TOKENS, "Hello world")
-    assert_finished(otel, None)
+    otel.assert_finished(None)
     assert attributes(otel.span())[sc.USAGE_INPUT_TOKENS] == INPUT_TOKENS
 
 
@@ -463,7 +447,7 @@ def test_async_stream_helper_early_exit(otel: Captured) -> None:
                     break
 
     asyncio.run(main())
-    assert_finished(otel, sc.ERROR_CANCELLED)
+    otel.assert_finished(sc.ERROR_CANCELLED)
 
 
 # --- with_raw_response / with_streaming_response -----------------------------------------------------------------
@@ -512,7 +496,7 @@ def test_streaming_response_stream_parse_and_exit(otel: Captured) -> None:
     with client.messages.with_streaming_response.create(**REQUEST, stream=True) as response:
         assert response.status_code == 200
         assert len(list(response.parse())) == 8
-    assert_finished(otel, None)
+    otel.assert_finished(None)
     assert otel.point(sc.STABLE_NAMES.time_to_first_chunk.name).count == 1
 
 
@@ -521,7 +505,7 @@ def test_streaming_response_read_raw_finishes_on_exit(otel: Captured) -> None:
     with client.messages.with_streaming_response.create(**REQUEST, stream=True) as response:
         lines = [line for line in response.iter_lines() if line]
     assert lines[-1] == 'data: {"type":"message_stop"}'
-    assert_finished(otel, None)
+    otel.assert_finished(None)
 
 
 def test_async_streaming_response_plain(otel: Captured) -> None:
@@ -533,7 +517,7 @@ def test_async_streaming_response_plain(otel: Captured) -> None:
         return str(message.content[0].text)
 
     assert asyncio.run(main()) == "Hi"
-    assert_finished(otel, None)
+    otel.assert_finished(None)
     assert attributes(otel.span())[sc.USAGE_OUTPUT_TOKENS] == 3
 
 
@@ -579,7 +563,7 @@ def test_overloaded_is_retried_then_recorded_by_class(otel: Captured, is_async: 
         with pytest.raises(anthropic.OverloadedError):
             sync.messages.create(**REQUEST, stream=True)
     assert len(recorder.requests) == 2
-    assert_finished(otel, "OverloadedError")
+    otel.assert_finished("OverloadedError")
     assert attributes(otel.span())[sc.RETRIES] == 1
     assert otel.metrics().get(sc.STABLE_NAMES.time_to_first_chunk.name) is None
 

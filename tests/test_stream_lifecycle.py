@@ -8,8 +8,7 @@ import gc
 import openai
 import pytest
 import wire
-from conftest import Captured, async_client, attributes, openai_server, sync_client
-from opentelemetry.trace import StatusCode
+from conftest import Captured, async_client, attributes, cancel_midway, openai_server, sync_client
 
 from otel_llm import _semconv as sc
 
@@ -22,14 +21,6 @@ def server(**timing: object) -> wire.ReplySource:
     return openai_server(tokens=TOKENS, usage=USAGE, **timing)
 
 
-def assert_finished(otel: Captured, error_type: str | None) -> None:
-    span = otel.span()  # exactly one span: the operation finished once
-    attrs = attributes(span)
-    assert attrs.get(sc.ERROR_TYPE) == error_type
-    assert span.status.status_code is (StatusCode.ERROR if error_type else StatusCode.UNSET)
-    duration = otel.point(sc.STABLE_NAMES.duration.name)
-    assert duration.count == 1
-    assert duration.attributes.get(sc.ERROR_TYPE) == error_type
 
 
 def test_exhausted_stream_finishes_without_error(otel: Captured) -> None:
@@ -39,7 +30,7 @@ def test_exhausted_stream_finishes_without_error(otel: Captured) -> None:
     assert stream.response.status_code == 200
     assert len(list(stream)) == 6
     stream.close()  # closing after the end changes nothing
-    assert_finished(otel, None)
+    otel.assert_finished(None)
     assert attributes(otel.span())[sc.USAGE_OUTPUT_TOKENS] == 4
 
 
@@ -51,7 +42,7 @@ def test_break_then_close_is_cancelled(otel: Captured) -> None:
             break
     assert otel.spans() == []  # still open: the caller may come back to it
     stream.close()
-    assert_finished(otel, sc.ERROR_CANCELLED)
+    otel.assert_finished(sc.ERROR_CANCELLED)
     attrs = attributes(otel.span())
     assert attrs[sc.CONTENT_CHUNKS] == 2
     # what was measured before the close is kept
@@ -64,7 +55,7 @@ def test_with_block_exit_closes_the_stream(otel: Captured) -> None:
         first = next(iter(stream))
         assert first.choices[0].delta.role == "assistant"
     assert stream.response.is_closed
-    assert_finished(otel, sc.ERROR_CANCELLED)
+    otel.assert_finished(sc.ERROR_CANCELLED)
 
 
 def test_with_block_after_the_end_is_not_an_error(otel: Captured) -> None:
@@ -72,7 +63,7 @@ def test_with_block_after_the_end_is_not_an_error(otel: Captured) -> None:
     with client.chat.completions.create(model="m", messages=MESSAGES, stream=True) as stream:
         chunks = list(stream)
     assert len(chunks) == 6
-    assert_finished(otel, None)
+    otel.assert_finished(None)
 
 
 def test_error_mid_stream_passes_through_and_is_recorded(otel: Captured) -> None:
@@ -84,7 +75,7 @@ def test_error_mid_stream_passes_through_and_is_recorded(otel: Captured) -> None
         for chunk in stream:
             received.append(chunk)
     assert len(received) == 3
-    assert_finished(otel, "APIConnectionError")
+    otel.assert_finished("APIConnectionError")
     events_recorded = otel.span().events
     assert [e.name for e in events_recorded] == ["exception"]
     assert events_recorded[0].attributes["exception.type"] == "openai.APIConnectionError"  # type: ignore[index]
@@ -97,7 +88,7 @@ def test_server_error_event_mid_stream(otel: Captured) -> None:
     stream = client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
     with pytest.raises(openai.APIError, match="overloaded"):
         list(stream)
-    assert_finished(otel, "APIError")
+    otel.assert_finished("APIError")
 
 
 def test_asyncio_cancellation_is_recorded_as_cancelled(otel: Captured) -> None:
@@ -108,15 +99,8 @@ def test_asyncio_cancellation_is_recorded_as_cancelled(otel: Captured) -> None:
         async for _ in stream:
             pass
 
-    async def main() -> None:
-        task = asyncio.create_task(consume())
-        await asyncio.sleep(0.1)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
-    asyncio.run(main())
-    assert_finished(otel, sc.ERROR_CANCELLED)
+    cancel_midway(consume)
+    otel.assert_finished(sc.ERROR_CANCELLED)
     assert otel.span().events == ()  # a cancellation is not an exception to report
 
 
@@ -127,12 +111,8 @@ def test_abandoned_stream_finishes_when_collected(otel: Captured) -> None:
     next(stream)  # the first token
     del stream
     gc.collect()
-    assert_finished(otel, sc.ERROR_ABANDONED)
-    span = otel.span()
-    # ended where activity was last seen, not when the collector ran
-    ttfc = attributes(span)[sc.RESPONSE_TIME_TO_FIRST_CHUNK]
-    assert span.end_time is not None and span.start_time is not None
-    assert (span.end_time - span.start_time) / 1e9 == pytest.approx(ttfc, abs=1e-6)
+    otel.assert_finished(sc.ERROR_ABANDONED)
+    otel.assert_ended_at_first_token()
 
 
 def test_async_stream_exhausted_and_closed(otel: Captured) -> None:
@@ -148,7 +128,7 @@ def test_async_stream_exhausted_and_closed(otel: Captured) -> None:
         return count
 
     assert asyncio.run(main()) == 6
-    assert_finished(otel, None)
+    otel.assert_finished(None)
 
 
 def test_async_break_then_close(otel: Captured) -> None:
@@ -161,7 +141,7 @@ def test_async_break_then_close(otel: Captured) -> None:
         await stream.close()
 
     asyncio.run(main())
-    assert_finished(otel, sc.ERROR_CANCELLED)
+    otel.assert_finished(sc.ERROR_CANCELLED)
 
 
 def test_stream_helper_keeps_its_api_and_finishes_on_its_own_close(otel: Captured) -> None:
@@ -173,7 +153,7 @@ def test_stream_helper_keeps_its_api_and_finishes_on_its_own_close(otel: Capture
     assert final.choices[0].message.content == "abcd"
     assert final.usage is None  # as without otel_llm: the caller did not ask for usage
     assert recorder.requests[0].json["stream_options"] == {"include_usage": True}
-    assert_finished(otel, None)
+    otel.assert_finished(None)
     assert attributes(otel.span())[sc.USAGE_OUTPUT_TOKENS] == 4
 
 
@@ -184,7 +164,7 @@ def test_stream_helper_early_exit_finishes_at_once(otel: Captured) -> None:
             if event.type == "content.delta":
                 break
         # the helper closes the HTTP response itself, not our stream: we must still hear of it right away
-    assert_finished(otel, sc.ERROR_CANCELLED)
+    otel.assert_finished(sc.ERROR_CANCELLED)
 
 
 def test_async_stream_helper(otel: Captured) -> None:
@@ -196,7 +176,7 @@ def test_async_stream_helper(otel: Captured) -> None:
         return final.choices[0].message.content or ""
 
     assert asyncio.run(main()) == "abcd"
-    assert_finished(otel, None)
+    otel.assert_finished(None)
 
 
 def test_async_stream_helper_early_exit(otel: Captured) -> None:
@@ -209,4 +189,4 @@ def test_async_stream_helper_early_exit(otel: Captured) -> None:
                     break
 
     asyncio.run(main())
-    assert_finished(otel, sc.ERROR_CANCELLED)
+    otel.assert_finished(sc.ERROR_CANCELLED)
