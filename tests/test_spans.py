@@ -80,9 +80,21 @@ def test_an_ended_span_is_left_alone_with_the_sdks_warning(caplog: pytest.LogCap
     assert seen(direct) == (list(START.items()), 0)
 
 
+class _OtherSpan(trace.NonRecordingSpan):
+    """A span of another SDK: only its own set_attributes knows what to do."""
+
+    def __init__(self) -> None:
+        super().__init__(trace.INVALID_SPAN_CONTEXT)
+        self.given: list[Any] = []
+
+    def set_attributes(self, attributes: Any) -> None:
+        self.given.append(dict(attributes))
+
+
 def test_spans_of_another_kind_get_the_public_api() -> None:
-    span = trace.NonRecordingSpan(trace.INVALID_SPAN_CONTEXT)
-    set_attributes(span, FINISH)  # nothing to record, nothing raised
+    span = _OtherSpan()
+    set_attributes(span, FINISH)
+    assert span.given == [FINISH]
 
 
 def test_internals_that_are_not_as_expected_fall_back(monkeypatch: pytest.MonkeyPatch) -> None:
