@@ -45,6 +45,8 @@ class Operation:
     max_gap_ns: int = 0  # worked out at the finish
     # the caller asked for no usage chunk; we did, so it must not reach the caller
     hide_usage_chunk: bool = False
+    # the adapter's way to take that chunk out before the client parses it, installed when the output finishes
+    usage_lift: Any = None
     # response facts
     response_id: str | None = None
     response_model: str | None = None

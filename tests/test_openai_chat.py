@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
 import wire
 from conftest import Captured, async_client, attributes, openai_server, sync_client
+from openai._base_client import BaseClient
 from opentelemetry.trace import SpanKind, StatusCode
 
 from otel_llm import _semconv as sc
@@ -174,3 +176,76 @@ def test_latest_experimental_names_on_opt_in(instrument: Any) -> None:
     assert captured.point(names.output_tokens.name).sum == 3  # type: ignore[union-attr]
     assert captured.point(names.input_token_counter.name).value == 12  # type: ignore[union-attr]
     assert captured.point(names.output_token_counter.name).value == 3  # type: ignore[union-attr]
+
+
+@pytest.fixture
+def built_by_client(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The JSON of every stream event the openai client turned into an object (sync and async clients alike)."""
+    built: list[Any] = []
+    original = BaseClient._process_response_data
+
+    def spy(self: Any, *, data: Any, **kwargs: Any) -> Any:
+        built.append(data)
+        return original(self, data=data, **kwargs)
+
+    monkeypatch.setattr(BaseClient, "_process_response_data", spy)
+    return built
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_usage_chunk_we_asked_for_is_read_before_the_client_builds_it(
+        otel: Captured, built_by_client: list[Any], is_async: bool) -> None:
+    chunks, _ = chat(is_async, openai_server(tokens=TOKENS, usage=USAGE), model="gpt-4o-mini", messages=MESSAGES,
+                     stream=True)
+
+    assert len(chunks) == len(built_by_client) == 5  # role, three tokens, finish: the client built what it handed
+    assert all(data["choices"] for data in built_by_client)
+    attrs = attributes(otel.span())
+    assert [attrs[key] for key in (sc.USAGE_INPUT_TOKENS, sc.USAGE_OUTPUT_TOKENS, sc.USAGE_CACHE_READ_INPUT_TOKENS,
+                                   sc.USAGE_REASONING_OUTPUT_TOKENS)] == [12, 3, 4, 1]
+
+
+def test_usage_chunk_with_no_finish_before_it_is_built_by_the_client_and_still_hidden(
+        otel: Captured, built_by_client: list[Any]) -> None:
+    # a compatible server that never sends a finish_reason: the usage chunk goes the client's way, the proxy hides it
+    events = [event for event in wire.chat_stream(TOKENS, usage=USAGE) if b'"finish_reason":"stop"' not in event]
+    chunks, _ = chat(False, [wire.Reply.stream(events)], model="gpt-4o-mini", messages=MESSAGES, stream=True)
+
+    assert len(chunks) == 4 and all(chunk.choices for chunk in chunks)
+    assert len(built_by_client) == 5
+    attrs = attributes(otel.span())
+    assert (attrs[sc.USAGE_INPUT_TOKENS], attrs[sc.USAGE_OUTPUT_TOKENS]) == (12, 3)
+
+
+def two_choices_stream() -> list[bytes]:
+    """n=2: choice 0 finishes while choice 1 still streams, then the usage chunk."""
+    one, finished_one, two, finished_two, usage_and_done = [], [], [], [], []
+    for index, target in ((0, one), (1, two)):
+        choice_events = wire.chat_stream([f"t{index}"], usage=USAGE)
+        body = [json.loads(event[len(b"data: "):]) for event in choice_events[:-2]]
+        for data in body:
+            data["choices"][0]["index"] = index
+        *content, finish = body
+        target.extend(wire.sse(data) for data in content)
+        (finished_one if index == 0 else finished_two).append(wire.sse(finish))
+        usage_and_done[:] = choice_events[-2:]
+    return [*one, *finished_one, *two, *finished_two, *usage_and_done]
+
+
+def test_chunks_after_the_first_finished_choice_reach_the_caller_unchanged(instrument: Any) -> None:
+    def read_all() -> list[str]:
+        client, _ = sync_client([wire.Reply.stream(two_choices_stream())])
+        stream = client.chat.completions.create(model="m", messages=MESSAGES, stream=True, n=2,
+                                                stream_options={"include_usage": True})
+        return [chunk.model_dump_json() for chunk in stream]
+
+    asked = read_all()  # the caller's own usage chunk, last
+    captured = instrument()
+    client, _ = sync_client([wire.Reply.stream(two_choices_stream())])
+    seen = [chunk.model_dump_json() for chunk in client.chat.completions.create(model="m", messages=MESSAGES,
+                                                                                 stream=True, n=2)]
+
+    assert seen == asked[:-1]
+    attrs = attributes(captured.span())
+    assert attrs[sc.RESPONSE_FINISH_REASONS] == ("stop", "stop")
+    assert (attrs[sc.USAGE_INPUT_TOKENS], attrs[sc.USAGE_OUTPUT_TOKENS], attrs[sc.CONTENT_CHUNKS]) == (12, 3, 2)

@@ -7,6 +7,7 @@ Covers chat completions (``create``, ``parse``, the ``stream()`` helper), the Re
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,7 @@ from otel_llm import _semconv as sc
 from otel_llm._calls import Kind, after, async_call, sync_call
 from otel_llm._operation import Request
 from otel_llm._patching import Provider, Target
+from otel_llm._safety import report_failure
 from otel_llm._stream import CONTENT, HIDDEN, OTHER, closed_by_helper
 from otel_llm.providers._stainless import ResponseHeaders
 
@@ -88,6 +90,10 @@ def _number(value: object) -> float | int | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return value
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _text_chars(value: object) -> int:
@@ -169,6 +175,20 @@ def _read_chat_usage(op: Operation, usage: Any) -> None:
         op.reasoning_tokens = details.reasoning_tokens
 
 
+def _read_chat_usage_json(op: Operation, usage: Mapping[str, Any]) -> None:
+    """The same counts as _read_chat_usage, from the usage object's JSON as the server sent it."""
+    op.input_tokens = _count(usage.get("prompt_tokens"))
+    op.output_tokens = _count(usage.get("completion_tokens"))
+    details = usage.get("prompt_tokens_details")
+    cached = _count(details.get("cached_tokens")) if isinstance(details, Mapping) else None
+    if cached is not None:
+        op.cache_read_tokens = cached
+    details = usage.get("completion_tokens_details")
+    reasoning = _count(details.get("reasoning_tokens")) if isinstance(details, Mapping) else None
+    if reasoning is not None:
+        op.reasoning_tokens = reasoning
+
+
 def _read_completion(op: Operation, result: Any) -> None:
     """A whole chat completion or legacy completion: ids, finish reasons, usage."""
     op.response_id = result.id
@@ -189,6 +209,9 @@ def _usage_chunk(op: Operation, chunk: Any) -> int:
 
 def _finished(op: Operation, chunk: Any, reason: str) -> None:
     op.finish_reasons.append(reason)
+    if op.usage_lift is not None:
+        op.usage_lift.install(op)
+        op.usage_lift = None
     # some compatible servers put usage on the finishing chunk instead of a chunk of its own
     if chunk.usage is not None:
         _read_chat_usage(op, chunk.usage)
@@ -212,6 +235,47 @@ def _read_responses_usage(op: Operation, response: Any) -> None:
         op.cache_read_tokens = usage.input_tokens_details.cached_tokens
     if usage.output_tokens_details is not None:
         op.reasoning_tokens = usage.output_tokens_details.reasoning_tokens
+
+
+class _UsageLift:
+    """Takes the usage chunk we asked for out of a stream before the client parses it, and reads its counts.
+
+    Without it the client decodes that last event and builds a ChatCompletionChunk of it (about half of what a
+    content chunk costs it, more than all our own work per request) only for the proxy to hide it. Installed as the
+    stream's SSE decoder's ``decode`` once a choice has finished, so no chunk before pays for it: the client looks
+    ``self.decode`` up per line. An event it is not sure of goes to the client as before (and the proxy hides it).
+    """
+
+    __slots__ = ("_decoder", "_op")
+
+    def __init__(self, decoder: Any) -> None:
+        self._decoder = decoder
+        self._op: Operation | None = None
+
+    @classmethod
+    def for_stream(cls, stream: Any) -> _UsageLift | None:
+        decoder = getattr(stream, "_decoder", None)  # openai 1.x to 3.x: one SSEDecoder per stream
+        return cls(decoder) if hasattr(decoder, "__dict__") and callable(getattr(decoder, "decode", None)) else None
+
+    def install(self, op: Operation) -> None:
+        self._op = op
+        self._decoder.decode = self
+
+    def __call__(self, line: str) -> Any:
+        decoder = self._decoder
+        event = type(decoder).decode(decoder, line)  # the client's own decoding, its errors its own
+        if event is None or event.event is not None or '"usage"' not in event.data:
+            return event
+        try:
+            data = json.loads(event.data)
+            if not (isinstance(data, dict) and data.get("choices") == [] and isinstance(data.get("usage"), dict)):
+                return event
+            _read_chat_usage_json(self._op, data["usage"])  # type: ignore[arg-type]
+            del decoder.decode  # its work is done: the lines left go straight to the client
+        except Exception:
+            report_failure("usage chunk")
+            return event
+        return None
 
 
 # --- endpoints -------------------------------------------------------------------------------------------------
@@ -264,10 +328,10 @@ class _Endpoint:
         return {**kwargs, "extra_body": {**extra, "stream_options": {**extra_options, "include_usage": True}}}
 
     def kind(self, op: Operation, result: Any) -> Kind:
-        if isinstance(result, Stream):
-            return Kind.STREAM
-        if isinstance(result, AsyncStream):
-            return Kind.ASYNC_STREAM
+        if isinstance(result, (Stream, AsyncStream)):
+            if op.hide_usage_chunk:
+                op.usage_lift = _UsageLift.for_stream(result)
+            return Kind.STREAM if isinstance(result, Stream) else Kind.ASYNC_STREAM
         if isinstance(result, LegacyAPIResponse):
             return Kind.RESPONSE if op.request.stream else Kind.RAW_READ
         if isinstance(result, AsyncAPIResponse):
