@@ -9,6 +9,8 @@ from collections.abc import Callable
 from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING, Any, Protocol
 
+from opentelemetry.instrumentation.utils import is_instrumentation_enabled
+
 from otel_llm._safety import report_failure
 from otel_llm._stream import AsyncResponseProxy, AsyncStreamProxy, ResponseProxy, StreamProxy
 
@@ -165,7 +167,11 @@ def span_stand_in() -> Callable[[Telemetry], Wrapper]:
 
 def _begin(telemetry: Telemetry, endpoint: Endpoint, instance: Any,
            kwargs: dict[str, Any]) -> tuple[Operation, dict[str, Any]] | None:
+    """The operation and the kwargs to call with; None to call as if we were not there: inside OpenTelemetry's
+    ``suppress_instrumentation()``, or when describing the request failed."""
     try:
+        if not is_instrumentation_enabled():
+            return None
         op = telemetry.begin(endpoint.describe(instance, kwargs, telemetry.settings))
         return op, endpoint.prepare(op, kwargs, telemetry.settings)
     except Exception:

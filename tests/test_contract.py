@@ -15,6 +15,7 @@ import wire
 import wrapt
 from conftest import API_KEY, Captured, Instrument, attributes, openai_server, sync_client
 from opentelemetry import trace
+from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
 from opentelemetry.sdk.metrics import MeterProvider
@@ -329,6 +330,19 @@ def test_callers_other_stream_options_are_kept(otel: Captured) -> None:
                                         stream_options=options))  # type: ignore[arg-type]
     assert recorder.requests[0].json["stream_options"] == {"include_obfuscation": False, "include_usage": True}
     assert options == {"include_obfuscation": False}  # the caller's dict is not mutated
+
+
+def test_calls_inside_suppress_instrumentation_go_as_if_we_were_not_there(otel: Captured) -> None:
+    client, recorder = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
+    with suppress_instrumentation():
+        chunks = list(client.chat.completions.create(model="m", messages=MESSAGES, stream=True))
+        client.chat.completions.create(model="m", messages=MESSAGES)
+    assert "stream_options" not in recorder.requests[0].json  # nothing asked on our behalf
+    assert len(chunks) == 4
+    assert otel.spans() == [] and otel.metrics() == {}
+
+    list(client.chat.completions.create(model="m", messages=MESSAGES, stream=True))
+    assert len(otel.spans()) == 1  # outside the block, as before
 
 
 def test_stream_seen_by_caller_is_identical_with_and_without_us(instrument: Instrument) -> None:
