@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Any
 
 import pytest
@@ -249,3 +250,17 @@ def test_chunks_after_the_first_finished_choice_reach_the_caller_unchanged(instr
     attrs = attributes(captured.span())
     assert attrs[sc.RESPONSE_FINISH_REASONS] == ("stop", "stop")
     assert (attrs[sc.USAGE_INPUT_TOKENS], attrs[sc.USAGE_OUTPUT_TOKENS], attrs[sc.CONTENT_CHUNKS]) == (12, 3, 2)
+
+
+@pytest.mark.parametrize("usage", ['"n/a"', "[1,2]", '{"prompt_tokens":"12","completion_tokens":null}'])
+def test_usage_chunk_we_asked_for_with_odd_usage_is_still_hidden_and_records_no_counts(
+        otel: Captured, usage: str, caplog: pytest.LogCaptureFixture) -> None:
+    events = wire.chat_stream(TOKENS, usage=USAGE)
+    events[-2] = re.sub(rb'"usage":\{.*\}\}', b'"usage":' + usage.encode(), events[-2])
+    chunks, _ = chat(False, [wire.Reply.stream(events)], model="gpt-4o-mini", messages=MESSAGES, stream=True)
+
+    assert len(chunks) == 5 and all(chunk.choices for chunk in chunks)
+    attrs = attributes(otel.span())
+    assert sc.USAGE_INPUT_TOKENS not in attrs and sc.USAGE_OUTPUT_TOKENS not in attrs
+    assert otel.points(sc.STABLE_NAMES.token_usage.name) == []  # type: ignore[union-attr]
+    assert not caplog.records

@@ -45,6 +45,7 @@ from otel_llm._patching import Provider, Target
 from otel_llm._safety import report_failure
 from otel_llm._stream import CONTENT, OTHER
 from otel_llm.providers._stainless import ResponseHeaders
+from otel_llm.providers._values import count, field
 
 if TYPE_CHECKING:
     from otel_llm._operation import Operation
@@ -119,17 +120,20 @@ def _read_usage(op: Operation, usage: Any, *, final: bool) -> None:
     """Anthropic counts input without the cache; the conventions count it in and report the cache parts too.
     A ``message_delta`` may repeat the input counts (cumulative) or leave them out; ``message_start`` has only a
     placeholder for output, so output is read from final usage only."""
-    if usage.cache_read_input_tokens is not None:
-        op.cache_read_tokens = usage.cache_read_input_tokens
-    if usage.cache_creation_input_tokens is not None:
-        op.cache_creation_tokens = usage.cache_creation_input_tokens
-    if usage.input_tokens is not None:
-        op.input_tokens = usage.input_tokens + (op.cache_read_tokens or 0) + (op.cache_creation_tokens or 0)
+    cache_read, cache_creation = count(field(usage, "cache_read_input_tokens")), count(
+        field(usage, "cache_creation_input_tokens"))
+    if cache_read is not None:
+        op.cache_read_tokens = cache_read
+    if cache_creation is not None:
+        op.cache_creation_tokens = cache_creation
+    input_tokens = count(field(usage, "input_tokens"))
+    if input_tokens is not None:
+        op.input_tokens = input_tokens + (op.cache_read_tokens or 0) + (op.cache_creation_tokens or 0)
     if final:
-        op.output_tokens = usage.output_tokens
-        details = usage.output_tokens_details
-        if details is not None:
-            op.reasoning_tokens = details.thinking_tokens
+        op.output_tokens = count(field(usage, "output_tokens"))
+        reasoning = count(field(field(usage, "output_tokens_details"), "thinking_tokens"))
+        if reasoning is not None:
+            op.reasoning_tokens = reasoning
 
 
 class _Messages:

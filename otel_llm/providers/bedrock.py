@@ -29,6 +29,7 @@ from otel_llm._operation import Request
 from otel_llm._patching import Provider, Target
 from otel_llm._safety import report_failure
 from otel_llm._stream import CONTENT, OTHER
+from otel_llm.providers._values import count, number
 
 if TYPE_CHECKING:
     from otel_llm._calls import Wrapper
@@ -64,22 +65,12 @@ _clock = time.perf_counter_ns
 # --- request side ----------------------------------------------------------------------------------------------
 
 
-def _number(value: object) -> float | int | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return value
-
-
-def _count(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def _request_parameters(body: Mapping[str, Any]) -> dict[str, Any]:
     attributes: dict[str, Any] = {}
     for source in (body, *(body[key] for key in _CONFIG_KEYS if isinstance(body.get(key), Mapping))):
         for name, keys in _PARAMETERS:
             for key in keys:
-                value = _number(source.get(key))
+                value = number(source.get(key))
                 if value is not None:
                     attributes.setdefault(name, value)
         for key in _STOP_KEYS:
@@ -136,17 +127,17 @@ def _note_usage(op: Operation, input_tokens: object, output_tokens: object, cach
                 cache_write: object = None) -> None:
     """Record the counts given (None: not in this message). Bedrock leaves cached input out of its input count;
     the conventions count it in, and report it on its own too."""
-    read, write = _count(cache_read), _count(cache_write)
+    read, write = count(cache_read), count(cache_write)
     if read is not None:
         op.cache_read_tokens = read
     if write is not None:
         op.cache_creation_tokens = write
-    count = _count(input_tokens)
-    if count is not None:
-        op.input_tokens = count + (op.cache_read_tokens or 0) + (op.cache_creation_tokens or 0)
-    count = _count(output_tokens)
-    if count is not None:
-        op.output_tokens = count
+    tokens = count(input_tokens)
+    if tokens is not None:
+        op.input_tokens = tokens + (op.cache_read_tokens or 0) + (op.cache_creation_tokens or 0)
+    tokens = count(output_tokens)
+    if tokens is not None:
+        op.output_tokens = tokens
 
 
 def _note_finish(op: Operation, reason: object) -> None:
@@ -164,7 +155,7 @@ def _note_text(op: Operation, text: object) -> int:
 
 
 def _note_milliseconds(op: Operation, attribute: str, value: object) -> None:
-    milliseconds = _number(value)
+    milliseconds = number(value)
     if milliseconds is not None:
         op.attributes[attribute] = milliseconds / 1000
 
@@ -294,7 +285,7 @@ def _read_llama(op: Operation, payload: Mapping[str, Any]) -> int:
 def _read_titan(op: Operation, payload: Mapping[str, Any]) -> int:
     results = payload.get("results")
     if isinstance(results, list):  # the whole body
-        _note_usage(op, payload.get("inputTextTokenCount"), sum(_count(r.get("tokenCount")) or 0 for r in results))
+        _note_usage(op, payload.get("inputTextTokenCount"), sum(count(r.get("tokenCount")) or 0 for r in results))
         for result in results:
             _note_finish(op, result.get("completionReason"))
             _note_text(op, result.get("outputText"))

@@ -22,6 +22,7 @@ from otel_llm._patching import Provider, Target
 from otel_llm._safety import report_failure
 from otel_llm._stream import CONTENT, HIDDEN, OTHER, closed_by_helper
 from otel_llm.providers._stainless import ResponseHeaders
+from otel_llm.providers._values import count, field, number
 
 if TYPE_CHECKING:
     from otel_llm._operation import Operation
@@ -86,16 +87,6 @@ def _provider_and_server(resource: Any) -> tuple[str, str | None, int | None]:
 _servers: dict[int, tuple[Any, type, tuple[str, str | None, int | None]]] = {}
 
 
-def _number(value: object) -> float | int | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return value
-
-
-def _count(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def _text_chars(value: object) -> int:
     """Characters of text in a prompt value: a string, or messages/parts/items holding text."""
     if isinstance(value, str):
@@ -142,15 +133,15 @@ def _request_parameters(kwargs: Mapping[str, Any]) -> dict[str, Any]:
         return attributes
     for key in given:
         name = _NUMERIC_PARAMETERS.get(key)
-        value = _number(kwargs[key])
+        value = number(kwargs[key])
         if name is not None and value is not None:
             attributes[name] = value
     for key in _MAX_TOKENS_PARAMETERS:
-        value = _number(kwargs.get(key))
+        value = number(kwargs.get(key))
         if value is not None:
             attributes[sc.REQUEST_MAX_TOKENS] = value
             break
-    n = _number(kwargs.get("n"))
+    n = number(kwargs.get("n"))
     if n is not None and n != 1:
         attributes[sc.REQUEST_CHOICE_COUNT] = n
     stop = kwargs.get("stop")
@@ -165,26 +156,13 @@ def _request_parameters(kwargs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _read_chat_usage(op: Operation, usage: Any) -> None:
-    op.input_tokens = usage.prompt_tokens
-    op.output_tokens = usage.completion_tokens
-    details = getattr(usage, "prompt_tokens_details", None)
-    if details is not None and details.cached_tokens is not None:
-        op.cache_read_tokens = details.cached_tokens
-    details = getattr(usage, "completion_tokens_details", None)
-    if details is not None and details.reasoning_tokens is not None:
-        op.reasoning_tokens = details.reasoning_tokens
-
-
-def _read_chat_usage_json(op: Operation, usage: Mapping[str, Any]) -> None:
-    """The same counts as _read_chat_usage, from the usage object's JSON as the server sent it."""
-    op.input_tokens = _count(usage.get("prompt_tokens"))
-    op.output_tokens = _count(usage.get("completion_tokens"))
-    details = usage.get("prompt_tokens_details")
-    cached = _count(details.get("cached_tokens")) if isinstance(details, Mapping) else None
+    """Usage of a chat or legacy completion: the client's object, or its JSON as the server sent it."""
+    op.input_tokens = count(field(usage, "prompt_tokens"))
+    op.output_tokens = count(field(usage, "completion_tokens"))
+    cached = count(field(field(usage, "prompt_tokens_details"), "cached_tokens"))
     if cached is not None:
         op.cache_read_tokens = cached
-    details = usage.get("completion_tokens_details")
-    reasoning = _count(details.get("reasoning_tokens")) if isinstance(details, Mapping) else None
+    reasoning = count(field(field(usage, "completion_tokens_details"), "reasoning_tokens"))
     if reasoning is not None:
         op.reasoning_tokens = reasoning
 
@@ -200,10 +178,9 @@ def _read_completion(op: Operation, result: Any) -> None:
 
 def _usage_chunk(op: Operation, chunk: Any) -> int:
     """A chunk without choices: the usage chunk at the end of a stream (hidden when we asked for it), or nothing."""
-    usage = chunk.usage
-    if usage is None:
+    if chunk.usage is None:
         return OTHER
-    _read_chat_usage(op, usage)
+    _read_chat_usage(op, chunk.usage)  # whatever the server put there: the chunk is hidden all the same
     return HIDDEN if op.hide_usage_chunk else OTHER
 
 
@@ -229,12 +206,14 @@ def _read_responses_usage(op: Operation, response: Any) -> None:
     usage = response.usage
     if usage is None:
         return
-    op.input_tokens = usage.input_tokens
-    op.output_tokens = usage.output_tokens
-    if usage.input_tokens_details is not None:
-        op.cache_read_tokens = usage.input_tokens_details.cached_tokens
-    if usage.output_tokens_details is not None:
-        op.reasoning_tokens = usage.output_tokens_details.reasoning_tokens
+    op.input_tokens = count(field(usage, "input_tokens"))
+    op.output_tokens = count(field(usage, "output_tokens"))
+    cached = count(field(field(usage, "input_tokens_details"), "cached_tokens"))
+    if cached is not None:
+        op.cache_read_tokens = cached
+    reasoning = count(field(field(usage, "output_tokens_details"), "reasoning_tokens"))
+    if reasoning is not None:
+        op.reasoning_tokens = reasoning
 
 
 class _UsageLift:
@@ -270,7 +249,7 @@ class _UsageLift:
             data = json.loads(event.data)
             if not (isinstance(data, dict) and data.get("choices") == [] and isinstance(data.get("usage"), dict)):
                 return event
-            _read_chat_usage_json(self._op, data["usage"])  # type: ignore[arg-type]
+            _read_chat_usage(self._op, data["usage"])  # type: ignore[arg-type]
             del decoder.decode  # its work is done: the lines left go straight to the client
         except Exception:
             report_failure("usage chunk")
