@@ -80,7 +80,7 @@ def test_direct_records_match_the_public_api(exemplar_filter: ExemplarFilter | N
     record_public(public_histogram, values, context)
     histogram = Histogram(sdk_histogram(direct, **provider))
     series = record_direct(histogram, values, context)
-    assert all(s._aggregations for s in series)  # the direct path was taken
+    assert all(s._aggregations and s._reservoirs for s in series)  # the direct path was taken, exemplars too
     assert points(direct) == points(public)
     # and again after a collection, recorded without a span: cumulative series keep counting into the same
     # aggregations, and such values become exemplars only under a filter that samples without a span
