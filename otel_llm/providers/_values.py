@@ -3,7 +3,6 @@ validating them, so a count may arrive as anything the server sent: what is not 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 
@@ -19,6 +18,6 @@ def count(value: object) -> int | None:
 
 def field(value: Any, name: str) -> Any:
     """``value[name]`` of a JSON object, ``value.name`` of a client's object; None when it has no such field."""
-    if isinstance(value, Mapping):
+    if isinstance(value, dict):
         return value.get(name)
     return getattr(value, name, None)
