@@ -120,8 +120,8 @@ def _read_usage(op: Operation, usage: Any, *, final: bool) -> None:
     """Anthropic counts input without the cache; the conventions count it in and report the cache parts too.
     A ``message_delta`` may repeat the input counts (cumulative) or leave them out; ``message_start`` has only a
     placeholder for output, so output is read from final usage only."""
-    cache_read, cache_creation = count(field(usage, "cache_read_input_tokens")), count(
-        field(usage, "cache_creation_input_tokens"))
+    cache_read = count(field(usage, "cache_read_input_tokens"))
+    cache_creation = count(field(usage, "cache_creation_input_tokens"))
     if cache_read is not None:
         op.cache_read_tokens = cache_read
     if cache_creation is not None:
