@@ -155,16 +155,27 @@ def _request_parameters(kwargs: Mapping[str, Any]) -> dict[str, Any]:
 # --- response side ---------------------------------------------------------------------------------------------
 
 
-def _read_chat_usage(op: Operation, usage: Any) -> None:
-    """Usage of a chat or legacy completion: the client's object, or its JSON as the server sent it."""
-    op.input_tokens = count(field(usage, "prompt_tokens"))
-    op.output_tokens = count(field(usage, "completion_tokens"))
-    cached = count(field(field(usage, "prompt_tokens_details"), "cached_tokens"))
+# where a usage object keeps its counts: input, output, and the details holding cached and reasoning tokens
+_CHAT_USAGE = ("prompt_tokens", "completion_tokens", "prompt_tokens_details", "completion_tokens_details")
+_RESPONSES_USAGE = ("input_tokens", "output_tokens", "input_tokens_details", "output_tokens_details")
+
+
+def _read_usage(op: Operation, usage: Any, names: tuple[str, str, str, str]) -> None:
+    """Counts from the client's usage object, or from its JSON as the server sent it."""
+    input_key, output_key, input_details, output_details = names
+    op.input_tokens = count(field(usage, input_key))
+    op.output_tokens = count(field(usage, output_key))
+    cached = count(field(field(usage, input_details), "cached_tokens"))
     if cached is not None:
         op.cache_read_tokens = cached
-    reasoning = count(field(field(usage, "completion_tokens_details"), "reasoning_tokens"))
+    reasoning = count(field(field(usage, output_details), "reasoning_tokens"))
     if reasoning is not None:
         op.reasoning_tokens = reasoning
+
+
+def _read_chat_usage(op: Operation, usage: Any) -> None:
+    """Usage of a chat or legacy completion."""
+    _read_usage(op, usage, _CHAT_USAGE)
 
 
 def _read_completion(op: Operation, result: Any) -> None:
@@ -203,17 +214,8 @@ def _read_responses_usage(op: Operation, response: Any) -> None:
         op.finish_reasons = [incomplete.reason]
     elif status:
         op.finish_reasons = [status]
-    usage = response.usage
-    if usage is None:
-        return
-    op.input_tokens = count(field(usage, "input_tokens"))
-    op.output_tokens = count(field(usage, "output_tokens"))
-    cached = count(field(field(usage, "input_tokens_details"), "cached_tokens"))
-    if cached is not None:
-        op.cache_read_tokens = cached
-    reasoning = count(field(field(usage, "output_tokens_details"), "reasoning_tokens"))
-    if reasoning is not None:
-        op.reasoning_tokens = reasoning
+    if response.usage is not None:
+        _read_usage(op, response.usage, _RESPONSES_USAGE)
 
 
 class _UsageLift:
