@@ -264,3 +264,24 @@ def test_usage_chunk_we_asked_for_with_odd_usage_is_still_hidden_and_records_no_
     assert sc.USAGE_INPUT_TOKENS not in attrs and sc.USAGE_OUTPUT_TOKENS not in attrs
     assert otel.points(sc.STABLE_NAMES.token_usage.name) == []  # type: ignore[union-attr]
     assert not caplog.records
+
+
+@pytest.mark.parametrize("newline", [b"\n", b"\r\n"], ids=["lf", "crlf"])
+@pytest.mark.parametrize("write_size", [7, 100_000], ids=["7-byte writes", "one write"])
+def test_usage_chunk_is_read_however_the_bytes_are_cut(instrument: Any, built_by_client: list[Any],
+                                                     newline: bytes, write_size: int) -> None:
+    body = b"".join(wire.chat_stream(TOKENS, usage=USAGE)).replace(b"\n", newline)
+    writes = [body[start:start + write_size] for start in range(0, len(body), write_size)]
+
+    def read_all(**kwargs: Any) -> list[str]:
+        client, _ = sync_client([wire.Reply.stream(writes)])
+        stream = client.chat.completions.create(model="m", messages=MESSAGES, stream=True, **kwargs)
+        return [chunk.model_dump_json() for chunk in stream]
+
+    asked = read_all(stream_options={"include_usage": True})  # what the client makes of these bytes, usage last
+    captured = instrument()
+    built_by_client.clear()
+    assert read_all() == asked[:-1]
+    assert all(data["choices"] for data in built_by_client)
+    attrs = attributes(captured.span())
+    assert (attrs[sc.USAGE_INPUT_TOKENS], attrs[sc.USAGE_OUTPUT_TOKENS]) == (12, 3)
