@@ -151,19 +151,19 @@ class Series:
         return offers
 
     def _offer(self, aggregations: tuple[Any, ...], offers: list[tuple[float, Context]], time_ns: int) -> None:
-        reservoirs = self._reservoirs
+        # the series' attributes go with each exemplar as with a public record (it keeps none of them: {} at export)
+        reservoirs, attributes = self._reservoirs, self.attributes
         if reservoirs is not None:
             for value, context in offers:
                 for reservoir in reservoirs:
                     # what the reservoir's offer() does, its bucket found by bisection instead of a Python scan
                     bucket = bisect_left(reservoir._boundaries, value)
                     with reservoir._lock:
-                        reservoir._reservoir_storage[bucket].offer(value, time_ns, None, context)
+                        reservoir._reservoir_storage[bucket].offer(value, time_ns, attributes, context)
             return
         histogram = self._owner._histogram
         for value, context in offers:
-            # no attributes on the measurement: they are the series' own, so exemplars keep none of them anyway
-            measurement = Measurement(value, time_ns, histogram, context, None)
+            measurement = Measurement(value, time_ns, histogram, context, attributes)
             for aggregation in aggregations:
                 aggregation._sample_exemplar(measurement, True)
 

@@ -36,7 +36,7 @@ def points(reader: InMemoryMetricReader) -> list[tuple[Any, ...]]:
     (metric,) = data.resource_metrics[0].scope_metrics[0].metrics
     return sorted((
         (dict(p.attributes), p.count, p.sum, p.min, p.max, list(getattr(p, "bucket_counts", [])),
-         sorted((e.value, e.span_id) for e in p.exemplars))
+         sorted((e.value, e.span_id, e.filtered_attributes) for e in p.exemplars))
         for p in metric.data.data_points
     ), key=lambda point: str(point[0]))
 
@@ -123,7 +123,7 @@ def test_gaps_other_than_the_longest_never_link_to_the_callers_span() -> None:
         series.record_ns([2_000_000, 3_000_000, 4_000_000], TIME, ours, 4_000_000)  # direct
     ((*_, exemplars),) = points(reader)
     our_span = trace.get_current_span(ours).get_span_context().span_id
-    assert exemplars == [(0.004, our_span), (0.005, our_span)]
+    assert exemplars == [(0.004, our_span, {}), (0.005, our_span, {})]
 
 
 @pytest.mark.parametrize("provider", [
