@@ -28,8 +28,15 @@ class Request:
     input_messages: Any = None
 
 
+class _WeaklyReferable:
+    __slots__ = ("__weakref__",)
+
+
 @dataclass(slots=True)
-class Operation:
+class Operation(_WeaklyReferable):
+    """One logical operation. It may be referred to weakly: what an adapter hangs on an SDK object must not keep an
+    operation (span, gaps, captured content) alive after its stream is gone."""
+
     request: Request
     start_ns: int
     start_epoch_ns: int

@@ -382,6 +382,17 @@ def test_callers_extra_body_is_kept_and_its_stream_options_respected(otel: Captu
     assert recorder.requests[1].json["stream_options"] == {"include_usage": False}  # the caller decided
 
 
+def test_usage_asked_in_extra_body_is_the_callers_even_beside_a_typed_stream_options(otel: Captured) -> None:
+    # the client lays extra_body over the typed arguments: the server sees include_usage from extra_body
+    client, recorder = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
+    chunks = list(client.chat.completions.create(
+        model="m", messages=MESSAGES, stream=True, stream_options={"include_obfuscation": False},
+        extra_body={"stream_options": {"include_usage": True}}))
+    assert recorder.requests[0].json["stream_options"] == {"include_usage": True}
+    assert chunks[-1].usage is not None and chunks[-1].choices == []  # the caller's own usage chunk reaches it
+    assert sc.USAGE_INJECTED not in attributes(otel.span())
+
+
 class _Body:
     """An extra_body that is not a Mapping but that the client merges all the same (it has keys())."""
 

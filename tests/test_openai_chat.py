@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import re
 from typing import Any
 
+import openai
 import pytest
 import wire
 from conftest import Captured, async_client, attributes, openai_server, sync_client
@@ -14,6 +16,7 @@ from openai._base_client import BaseClient
 from opentelemetry.trace import SpanKind, StatusCode
 
 from otel_llm import _semconv as sc
+from otel_llm._operation import Operation
 
 TOKENS = ["Hel", "lo", " world"]
 USAGE = wire.Usage(input=12, output=3, cached=4, reasoning=1)
@@ -252,7 +255,8 @@ def test_chunks_after_the_first_finished_choice_reach_the_caller_unchanged(instr
     assert (attrs[sc.USAGE_INPUT_TOKENS], attrs[sc.USAGE_OUTPUT_TOKENS], attrs[sc.CONTENT_CHUNKS]) == (12, 3, 2)
 
 
-@pytest.mark.parametrize("usage", ['"n/a"', "[1,2]", '{"prompt_tokens":"12","completion_tokens":null}'])
+@pytest.mark.parametrize("usage", ['"n/a"', "[1,2]", '{"prompt_tokens":"12","completion_tokens":null}',
+                                   '{"prompt_tokens":-12,"completion_tokens":1.5}'])
 def test_usage_chunk_we_asked_for_with_odd_usage_is_still_hidden_and_records_no_counts(
         otel: Captured, usage: str, caplog: pytest.LogCaptureFixture) -> None:
     events = wire.chat_stream(TOKENS, usage=USAGE)
@@ -285,3 +289,61 @@ def test_usage_chunk_is_read_however_the_bytes_are_cut(instrument: Any, built_by
     assert all(data["choices"] for data in built_by_client)
     attrs = attributes(captured.span())
     assert (attrs[sc.USAGE_INPUT_TOKENS], attrs[sc.USAGE_OUTPUT_TOKENS]) == (12, 3)
+
+
+def usage_on_the_finishing_chunk() -> list[bytes]:
+    """A compatible server's way: usage on the chunk with finish_reason, no usage chunk of its own."""
+    *content, finish, usage, done = wire.chat_stream(TOKENS, usage=USAGE)
+    finish_data = json.loads(finish.removeprefix(b"data: "))
+    finish_data["usage"] = json.loads(usage.removeprefix(b"data: "))["usage"]
+    return [*content, wire.sse(finish_data), done]
+
+
+@pytest.mark.parametrize("events, read, outcome", [
+    (usage_on_the_finishing_chunk(), None, None),
+    (wire.chat_stream(TOKENS), None, None),  # a server that ignored include_usage
+    (wire.chat_stream(TOKENS, usage=USAGE), 5, sc.ERROR_CANCELLED),  # the caller stops at the finish chunk, closes
+], ids=["usage on the finishing chunk", "no usage", "caller stopped"])
+def test_a_stream_whose_usage_chunk_never_comes_keeps_nothing_alive(
+        otel: Captured, events: list[bytes], read: int | None, outcome: str | None) -> None:
+    gc.collect()
+    gc.disable()  # what is let go must be freed at once: a reference cycle would wait for the collector
+    try:
+        before = sum(1 for o in gc.get_objects() if type(o) is Operation)
+        client, _ = sync_client([wire.Reply.stream(events)])
+        stream = client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+        chunks = list(stream) if read is None else [chunk for _, chunk in zip(range(read), stream, strict=False)]
+        stream.close()
+        del stream, client
+        assert sum(1 for o in gc.get_objects() if type(o) is Operation) == before
+    finally:
+        gc.enable()
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    otel.assert_finished(outcome)
+
+
+def test_an_error_on_the_usage_chunk_is_still_raised_by_the_client(instrument: Any) -> None:
+    *content, usage, done = wire.chat_stream(TOKENS, usage=USAGE)
+    failed = json.loads(usage.removeprefix(b"data: "))
+    failed["error"] = {"message": "upstream failed after the output", "type": "server_error"}
+    events = [*content, wire.sse(failed), done]
+
+    def read_all(**kwargs: Any) -> str:
+        client, _ = sync_client([wire.Reply.stream(events)])
+        with pytest.raises(openai.APIError) as raised:
+            list(client.chat.completions.create(model="m", messages=MESSAGES, stream=True, **kwargs))
+        return raised.value.message
+
+    without_us = read_all(stream_options={"include_usage": True})
+    captured = instrument()
+    assert read_all() == without_us  # the usage chunk is ours now, and its error the caller's all the same
+    assert attributes(captured.span())[sc.ERROR_TYPE] == "APIError"
+
+
+def test_counts_written_as_whole_floats_are_counts(otel: Captured) -> None:
+    events = wire.chat_stream(TOKENS, usage=USAGE)
+    events[-2] = re.sub(rb'"usage":\{.*\}\}', b'"usage":{"prompt_tokens":12.0,"completion_tokens":3.0}', events[-2])
+    chat(False, [wire.Reply.stream(events)], model="gpt-4o-mini", messages=MESSAGES, stream=True)
+    attrs = attributes(otel.span())
+    assert (attrs[sc.USAGE_INPUT_TOKENS], attrs[sc.USAGE_OUTPUT_TOKENS]) == (12, 3)
+    assert type(attrs[sc.USAGE_INPUT_TOKENS]) is int

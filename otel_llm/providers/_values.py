@@ -13,7 +13,12 @@ def number(value: object) -> float | int | None:
 
 
 def count(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    """A whole number of things, 0 or more; some compatible servers write it as a float (12.0)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
 
 
 def field(value: Any, name: str) -> Any:

@@ -8,12 +8,14 @@ Covers chat completions (``create``, ``parse``, the ``stream()`` helper), the Re
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import openai
 from openai import APIResponse, AsyncAPIResponse, AsyncStream, Stream
 from openai._legacy_response import LegacyAPIResponse
+from openai._streaming import SSEDecoder
 
 from otel_llm import _semconv as sc
 from otel_llm._calls import Kind, after, async_call, sync_call
@@ -224,34 +226,44 @@ class _UsageLift:
     Without it the client decodes that last event and builds a ChatCompletionChunk of it (about half of what a
     content chunk costs it, more than all our own work per request) only for the proxy to hide it. Installed as the
     stream's SSE decoder's ``decode`` once a choice has finished, so no chunk before pays for it: the client looks
-    ``self.decode`` up per line. An event it is not sure of goes to the client as before (and the proxy hides it).
+    ``self.decode`` up per line. An event it is not sure of goes to the client as before (and the proxy hides it),
+    and so does one carrying an ``error``, which is the client's to raise. It holds the decoder weakly: a stream that
+    ends without that event (usage on the finishing chunk, a server that ignored the request, a caller that stopped)
+    must not keep its operation alive.
     """
 
     __slots__ = ("_decoder", "_op")
 
-    def __init__(self, decoder: Any) -> None:
-        self._decoder = decoder
-        self._op: Operation | None = None
+    def __init__(self, decoder: SSEDecoder) -> None:
+        # both weakly: the decoder holds us, and a stream the caller dropped unread sits in the client's own
+        # reference cycle until the collector runs, which must not hold the operation too
+        self._decoder = weakref.ref(decoder)
+        self._op: weakref.ref[Operation] | None = None
 
     @classmethod
     def for_stream(cls, stream: Any) -> _UsageLift | None:
-        decoder = getattr(stream, "_decoder", None)  # openai 1.x to 3.x: one SSEDecoder per stream
-        return cls(decoder) if hasattr(decoder, "__dict__") and callable(getattr(decoder, "decode", None)) else None
+        decoder = getattr(stream, "_decoder", None)
+        # the client's own decoder only (one per stream, openai 1.x to 3.x): another's decode() may mean otherwise
+        return cls(decoder) if type(decoder) is SSEDecoder else None
 
     def install(self, op: Operation) -> None:
-        self._op = op
-        self._decoder.decode = self
+        decoder = self._decoder()
+        if decoder is not None:
+            self._op = weakref.ref(op)
+            decoder.decode = self  # type: ignore[method-assign]
 
     def __call__(self, line: str) -> Any:
-        decoder = self._decoder
-        event = type(decoder).decode(decoder, line)  # the client's own decoding, its errors its own
-        if event is None or event.event is not None or '"usage"' not in event.data:
+        decoder = cast(SSEDecoder, self._decoder())  # alive: it is what calls us
+        event = SSEDecoder.decode(decoder, line)  # the client's own decoding, its errors its own
+        op = self._op() if self._op is not None else None
+        if event is None or op is None or event.event is not None or '"usage"' not in event.data:
             return event
         try:
             data = json.loads(event.data)
-            if not (isinstance(data, dict) and data.get("choices") == [] and isinstance(data.get("usage"), dict)):
+            if not (isinstance(data, dict) and data.get("choices") == [] and isinstance(data.get("usage"), dict)
+                    and not data.get("error")):
                 return event
-            _read_chat_usage(self._op, data["usage"])  # type: ignore[arg-type]
+            _read_chat_usage(op, data["usage"])
             del decoder.decode  # its work is done: the lines left go straight to the client
         except Exception:
             report_failure("usage chunk")
@@ -288,25 +300,22 @@ class _Endpoint:
             op.output_text = []
         if not (self.stream_usage and op.request.stream and settings.stream_usage):
             return kwargs
-        options = kwargs.get("stream_options")
-        if isinstance(options, Mapping):
-            if "include_usage" in options:
-                return kwargs  # the caller decided, either way
-            op.hide_usage_chunk = True
-            return {**kwargs, "stream_options": {**options, "include_usage": True}}
-        # Through extra_body, which the client sends as is: a stream_options argument would cost the client ~100 us
-        # (cold) of transforming its typed parameters, more than everything we do per request.
+        # The client lays extra_body over the typed arguments: a stream_options there is the one the server gets.
+        # We add ours through extra_body too: a stream_options argument would cost the client ~100 us (cold) of
+        # transforming its typed parameters, more than everything we do per request.
         extra = kwargs.get("extra_body")
         if extra is None:
             extra = {}
         elif not isinstance(extra, Mapping):
             return kwargs  # a body of the caller's own kind: not ours to rebuild
-        extra_options = extra.get("stream_options")
-        extra_options = extra_options if isinstance(extra_options, Mapping) else {}
-        if "include_usage" in extra_options:
-            return kwargs
+        options = extra.get("stream_options")
+        if not isinstance(options, Mapping):
+            options = kwargs.get("stream_options")
+            options = options if isinstance(options, Mapping) else {}
+        if "include_usage" in options:
+            return kwargs  # the caller decided, either way
         op.hide_usage_chunk = True
-        return {**kwargs, "extra_body": {**extra, "stream_options": {**extra_options, "include_usage": True}}}
+        return {**kwargs, "extra_body": {**extra, "stream_options": {**options, "include_usage": True}}}
 
     def kind(self, op: Operation, result: Any) -> Kind:
         if isinstance(result, (Stream, AsyncStream)):
