@@ -528,6 +528,74 @@ def test_messages_parse_is_an_operation(otel: Captured) -> None:
     assert attributes(otel.span())[sc.USAGE_OUTPUT_TOKENS] == 3
 
 
+# --- beta.messages: the same operations, Beta-named shapes ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_beta_messages_create_is_an_operation_like_messages(otel: Captured, is_async: bool, stream: bool) -> None:
+    plain = wa.json_reply(wa.message_body("Hello world", usage=USAGE))
+    reply = text_stream(delays=[0, 0, 0, 0.02]) if stream else plain
+    request = {**REQUEST, "betas": ["context-management-2025-06-27"]}
+    if is_async:
+        client, recorder = async_client([reply])
+
+        async def go() -> Any:
+            result = await client.beta.messages.create(**request, stream=stream)  # type: ignore[call-overload]
+            return [event async for event in result] if stream else result
+
+        result = asyncio.run(go())
+    else:
+        sync, recorder = sync_client([reply])
+        result = sync.beta.messages.create(**request, stream=stream)  # type: ignore[call-overload]
+        result = list(result) if stream else result
+
+    assert recorder.requests[0].path == "/v1/messages"
+    assert recorder.requests[0].headers["anthropic-beta"] == "context-management-2025-06-27"  # sent as it was
+    attrs = dict(attributes(otel.span()))
+    assert {key: attrs[key] for key in RESPONSE_ATTRIBUTES} == RESPONSE_ATTRIBUTES
+    assert attrs[sc.REQUEST_STREAM] is stream and attrs[sc.PROMPT_LENGTH] == PROMPT_CHARS
+    if stream:
+        assert [event.type for event in result].count("content_block_delta") == 3
+        assert attrs[sc.CONTENT_CHUNKS] == 3 and attrs[sc.RESPONSE_TIME_TO_FIRST_CHUNK] >= 0.02
+        assert otel.point(sc.STABLE_NAMES.time_to_first_chunk.name).count == 1
+    else:
+        assert result.content[0].text == "Hello world"
+    otel.assert_finished(None)
+
+
+def test_beta_stream_helper_is_exactly_as_without_us(instrument: Instrument) -> None:
+    def use(client: anthropic.Anthropic) -> tuple[list[str], str, int]:
+        with client.beta.messages.stream(**REQUEST) as stream:
+            texts = list(stream.text_stream)
+            return texts, stream.get_final_text(), stream.get_final_message().usage.output_tokens
+
+    without = use(sync_client([text_stream()])[0])
+    otel = instrument()
+    assert use(sync_client([text_stream()])[0]) == without == (TOKENS, "Hello world", 3)
+    otel.assert_finished(None)
+    assert attributes(otel.span())[sc.CONTENT_CHUNKS] == 3
+
+
+def test_async_beta_stream_helper(otel: Captured) -> None:
+    client, _ = async_client([text_stream()])
+
+    async def main() -> list[str]:
+        async with client.beta.messages.stream(**REQUEST) as stream:
+            return [text async for text in stream.text_stream]
+
+    assert asyncio.run(main()) == TOKENS
+    otel.assert_finished(None)
+    assert attributes(otel.span())[sc.USAGE_INPUT_TOKENS] == INPUT_TOKENS
+
+
+def test_beta_messages_parse_is_an_operation(otel: Captured) -> None:
+    client, _ = sync_client([wa.json_reply(wa.message_body('{"answer": 42}', usage=USAGE))])
+    parsed = client.beta.messages.parse(**REQUEST)
+    assert parsed.content[0].text == '{"answer": 42}'  # type: ignore[union-attr]
+    assert attributes(otel.span())[sc.USAGE_OUTPUT_TOKENS] == 3
+
+
 # --- errors and retries ------------------------------------------------------------------------------------------
 
 

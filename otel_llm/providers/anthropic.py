@@ -1,12 +1,12 @@
 """The anthropic client: what its calls, responses, stream events and headers mean, as plain values. No spans, no
 meters.
 
-Covers ``messages.create`` (streamed and not), ``messages.parse`` and the ``messages.stream()`` helper, sync and
-async, including ``with_raw_response`` and ``with_streaming_response``, for ``Anthropic`` and the platform clients
-that share its ``Messages`` resource (``AnthropicBedrock`` -> ``aws.bedrock``, ``AnthropicVertex`` ->
-``gcp.vertex_ai``). The first token is the first non-empty text, tool-input or thinking delta, never
-``message_start``. Input tokens include cache reads and writes, which are reported on their own too. Headroom comes
-from the ``anthropic-ratelimit-*`` headers.
+Covers ``messages.create`` (streamed and not), ``messages.parse`` and the ``messages.stream()`` helper, and the same
+three of ``beta.messages``, sync and async, including ``with_raw_response`` and ``with_streaming_response``, for
+``Anthropic`` and the platform clients that share its ``Messages`` resource (``AnthropicBedrock`` -> ``aws.bedrock``,
+``AnthropicVertex`` -> ``gcp.vertex_ai``). The first token is the first non-empty text, tool-input or thinking
+delta, never ``message_start``. Input tokens include cache reads and writes, which are reported on their own too.
+Headroom comes from the ``anthropic-ratelimit-*`` headers.
 
 The stream() helper sends its request only when its manager is entered, through a partial (or coroutine) of the
 client's ``post``, not through ``create``: its deferred request is routed through our wrapper instead. The helper's
@@ -24,7 +24,7 @@ span; and it does no span work of its own (it skips that for a non-recording spa
 (``anthropic.request.id``, ``url.*``, ``http.*``) are not on our span, and the SDK's content mode does not apply
 (ours is ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``). A client whose spans are off
 (``open_telemetry=False``) is left as it is: no span and no propagation. Calls we do not instrument (count_tokens,
-batches, beta, ...) keep the SDK's span.
+batches, models, ...) keep the SDK's span.
 """
 
 from __future__ import annotations
@@ -239,6 +239,21 @@ def _sent_on_enter(call: Callable[[Telemetry], Wrapper], request_attribute: str,
 
 _MESSAGES, _STREAM_HELPER = _Messages(), _StreamHelper()
 _MESSAGES_MODULE = "anthropic.resources.messages.messages"
+_BETA_MODULE = "anthropic.resources.beta.messages.messages"  # client.beta.messages: the same shapes, Beta-named
+
+
+def _messages_targets(module: str, managers: tuple[str, str]) -> tuple[Target, ...]:
+    """create, parse and stream() of one Messages resource; ``managers``: the private attribute holding each stream
+    manager's deferred request (sync, async)."""
+    return (
+        Target(module, "Messages.create", sync_call(_MESSAGES)),
+        Target(module, "AsyncMessages.create", async_call(_MESSAGES)),
+        Target(module, "Messages.parse", sync_call(_MESSAGES)),
+        Target(module, "AsyncMessages.parse", async_call(_MESSAGES)),
+        Target(module, "Messages.stream", _sent_on_enter(sync_call(_STREAM_HELPER), managers[0], awaited=False)),
+        Target(module, "AsyncMessages.stream", _sent_on_enter(async_call(_STREAM_HELPER), managers[1], awaited=True)),
+    )
+
 
 PROVIDER = Provider(
     name="anthropic",
@@ -246,14 +261,10 @@ PROVIDER = Provider(
     min_version=(2, 14),
     below_version=(3,),
     targets=(
-        Target(_MESSAGES_MODULE, "Messages.create", sync_call(_MESSAGES)),
-        Target(_MESSAGES_MODULE, "AsyncMessages.create", async_call(_MESSAGES)),
-        Target(_MESSAGES_MODULE, "Messages.parse", sync_call(_MESSAGES)),
-        Target(_MESSAGES_MODULE, "AsyncMessages.parse", async_call(_MESSAGES)),
-        Target(_MESSAGES_MODULE, "Messages.stream",
-               _sent_on_enter(sync_call(_STREAM_HELPER), "_MessageStreamManager__api_request", awaited=False)),
-        Target(_MESSAGES_MODULE, "AsyncMessages.stream",
-               _sent_on_enter(async_call(_STREAM_HELPER), "_AsyncMessageStreamManager__api_request", awaited=True)),
+        *_messages_targets(_MESSAGES_MODULE, ("_MessageStreamManager__api_request",
+                                              "_AsyncMessageStreamManager__api_request")),
+        *_messages_targets(_BETA_MODULE, ("_BetaMessageStreamManager__api_request",
+                                          "_BetaAsyncMessageStreamManager__api_request")),
         # headers, retries and the SDK's own span: deeper in the client, on behalf of the operation in this context
         *_HEADERS.base_client_targets("anthropic"),
         Target("anthropic._base_client", "start_api_call_span", span_stand_in()),
