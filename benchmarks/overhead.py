@@ -247,7 +247,7 @@ def chunk_path_ns(chunks: list[Any], telemetry: Telemetry, repeat: int) -> float
 
     def proxied() -> int:
         op = telemetry.begin(request)
-        proxy = StreamProxy(iter(chunks), op, telemetry, endpoint.observe)
+        proxy = StreamProxy(iter(chunks), op, telemetry, endpoint.observe, endpoint.read_error)
         start = _now()
         for _ in range(count):
             next(proxy)
@@ -268,7 +268,7 @@ def finish_ns(content_chunks: int, telemetry: Telemetry, repeat: int, *, gaps: b
     def once() -> int:
         op = telemetry.begin(request)
         op.record_gaps = gaps
-        proxy = StreamProxy(iter(chunks), op, telemetry, endpoint.observe)
+        proxy = StreamProxy(iter(chunks), op, telemetry, endpoint.observe, endpoint.read_error)
         for _ in range(len(chunks) - 1):
             next(proxy)
         start = _now()

@@ -48,7 +48,9 @@ class Endpoint(Protocol):
 
     def read(self, op: Operation, result: Any) -> None: ...
 
-    def read_error(self, op: Operation, error: BaseException) -> None: ...
+    def read_error(self, op: Operation, error: BaseException) -> None:
+        """What an exception of the call, or of its stream, tells: headers of the response, a better error.type."""
+        ...
 
     def observe(self, op: Operation, chunk: Any) -> int:
         """Note what a stream chunk tells (ids, reasons, usage); say what it is: _stream.OTHER/CONTENT/HIDDEN."""
@@ -204,9 +206,9 @@ def _adopt(telemetry: Telemetry, endpoint: Endpoint, op: Operation, result: Any)
     try:
         kind = endpoint.kind(op, result)
         if kind is Kind.STREAM:
-            return StreamProxy(result, op, telemetry, endpoint.observe)
+            return StreamProxy(result, op, telemetry, endpoint.observe, endpoint.read_error)
         if kind is Kind.ASYNC_STREAM:
-            return AsyncStreamProxy(result, op, telemetry, endpoint.observe)
+            return AsyncStreamProxy(result, op, telemetry, endpoint.observe, endpoint.read_error)
 
         def adopt_parsed(op: Operation, parsed: Any) -> Any:
             return _adopt(telemetry, endpoint, op, parsed)

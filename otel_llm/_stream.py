@@ -28,6 +28,8 @@ OTHER = 0  # no output in it (role-only, message_start, response.created, a fini
 CONTENT = 1  # carries output: text, tool-call, reasoning or audio delta
 HIDDEN = 2  # ours: a usage chunk we asked for and the caller did not, so the caller must not see it
 Observe = Callable[["Operation", Any], int]
+# (operation, exception) -> None: the adapter names an error the stream raised (error.type), before the finish
+ReadError = Callable[["Operation", BaseException], None]
 # (operation, parsed result) -> what the caller gets: the result, or a stream proxy around it
 Adopt = Callable[["Operation", Any], Any]
 
@@ -38,7 +40,7 @@ Adopt = Callable[["Operation", Any], Any]
 # (and finalized) at once.
 
 
-def _sync_step(next_chunk: Callable[[], Any], observe: Observe, op: Operation,
+def _sync_step(next_chunk: Callable[[], Any], observe: Observe, read_error: ReadError, op: Operation,
                telemetry: Telemetry) -> Callable[[], Any]:
     finish, clock, gaps = telemetry.finish, time.perf_counter_ns, _gaps(op)
 
@@ -50,7 +52,7 @@ def _sync_step(next_chunk: Callable[[], Any], observe: Observe, op: Operation,
                 finish(op)
                 raise
             except BaseException as exc:
-                finish(op, exc)
+                _failed(op, exc, read_error, finish)
                 raise
             try:
                 kind = observe(op, chunk)
@@ -71,7 +73,7 @@ def _sync_step(next_chunk: Callable[[], Any], observe: Observe, op: Operation,
     return step
 
 
-def _async_step(next_chunk: Callable[[], Awaitable[Any]], observe: Observe, op: Operation,
+def _async_step(next_chunk: Callable[[], Awaitable[Any]], observe: Observe, read_error: ReadError, op: Operation,
                 telemetry: Telemetry) -> Callable[[], Awaitable[Any]]:
     finish, clock, gaps = telemetry.finish, time.perf_counter_ns, _gaps(op)
 
@@ -83,7 +85,7 @@ def _async_step(next_chunk: Callable[[], Awaitable[Any]], observe: Observe, op: 
                 finish(op)
                 raise
             except BaseException as exc:
-                finish(op, exc)
+                _failed(op, exc, read_error, finish)
                 raise
             try:
                 kind = observe(op, chunk)
@@ -102,6 +104,15 @@ def _async_step(next_chunk: Callable[[], Awaitable[Any]], observe: Observe, op: 
                 return chunk
 
     return step
+
+
+def _failed(op: Operation, exc: BaseException, read_error: ReadError,
+            finish: Callable[[Operation, BaseException], None]) -> None:
+    try:
+        read_error(op, exc)
+    except Exception:
+        report_failure("stream error")
+    finish(op, exc)
 
 
 def _gaps(op: Operation) -> array[int]:
@@ -114,7 +125,7 @@ class _StreamLifecycle(wrapt.ObjectProxy[Any]):
     """State and finish paths shared by the sync and async proxies; they differ only in the I/O step.
     Per-chunk state lives in locals of closures: attribute access on a proxy costs more than on a plain object."""
 
-    def __init__(self, wrapped: Any, op: Operation, telemetry: Telemetry, observe: Observe) -> None:
+    def __init__(self, wrapped: Any, op: Operation, telemetry: Telemetry) -> None:
         super().__init__(wrapped)
         self._self_op = op
         self._self_telemetry = telemetry
@@ -134,9 +145,10 @@ class _StreamLifecycle(wrapt.ObjectProxy[Any]):
 
 
 class StreamProxy(_StreamLifecycle):
-    def __init__(self, wrapped: Any, op: Operation, telemetry: Telemetry, observe: Observe) -> None:
-        super().__init__(wrapped, op, telemetry, observe)
-        self._self_next = _sync_step(wrapped.__next__, observe, op, telemetry)
+    def __init__(self, wrapped: Any, op: Operation, telemetry: Telemetry, observe: Observe,
+                 read_error: ReadError) -> None:
+        super().__init__(wrapped, op, telemetry)
+        self._self_next = _sync_step(wrapped.__next__, observe, read_error, op, telemetry)
 
     def __iter__(self) -> StreamProxy:
         return self
@@ -159,9 +171,10 @@ class StreamProxy(_StreamLifecycle):
 
 
 class AsyncStreamProxy(_StreamLifecycle):
-    def __init__(self, wrapped: Any, op: Operation, telemetry: Telemetry, observe: Observe) -> None:
-        super().__init__(wrapped, op, telemetry, observe)
-        self._self_next = _async_step(wrapped.__anext__, observe, op, telemetry)
+    def __init__(self, wrapped: Any, op: Operation, telemetry: Telemetry, observe: Observe,
+                 read_error: ReadError) -> None:
+        super().__init__(wrapped, op, telemetry)
+        self._self_next = _async_step(wrapped.__anext__, observe, read_error, op, telemetry)
 
     def __aiter__(self) -> AsyncStreamProxy:
         return self

@@ -298,15 +298,28 @@ def test_connection_lost_mid_stream_passes_through_and_is_recorded(otel: Capture
 
 
 @pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
-def test_error_event_mid_stream_is_the_sdks_error(otel: Captured, is_async: bool) -> None:
+def test_error_event_mid_stream_is_the_sdks_error_named_as_before_a_stream(otel: Captured, is_async: bool) -> None:
     events = [*wa.sse(wa.text_events(TOKENS, usage=USAGE))[:5], wa.error_event("overloaded_error", "Overloaded")]
     with pytest.raises(anthropic.APIStatusError, match="overloaded_error") as raised:
         create(is_async, [wire.Reply.stream(events)], **REQUEST, stream=True)
-    # the stream was a 200, so anthropic raises its base status error carrying the API's type, not OverloadedError
+    # the stream was a 200, so anthropic raises its base status error carrying the API's type, not OverloadedError;
+    # error.type is what a 529 before the stream is recorded as, so one query counts both
     assert type(raised.value) is anthropic.APIStatusError and raised.value.type == "overloaded_error"
-    otel.assert_finished("APIStatusError")
+    otel.assert_finished("OverloadedError")
     assert attributes(otel.span())[sc.CONTENT_CHUNKS] == 2  # what came before the error is kept
     assert otel.point(sc.STABLE_NAMES.time_to_first_chunk.name).count == 1
+
+
+@pytest.mark.parametrize(("api_type", "error_type"), [
+    ("rate_limit_error", "RateLimitError"), ("api_error", "InternalServerError"),
+    ("invalid_request_error", "BadRequestError"), ("some_future_error", "APIStatusError"),
+])
+def test_error_events_mid_stream_are_named_by_their_status_class(otel: Captured, api_type: str,
+                                                                 error_type: str) -> None:
+    events = [*wa.sse(wa.text_events(TOKENS, usage=USAGE))[:5], wa.error_event(api_type, "failed")]
+    with pytest.raises(anthropic.APIStatusError):
+        create(False, [wire.Reply.stream(events)], **REQUEST, stream=True)
+    otel.assert_finished(error_type)
 
 
 def test_asyncio_cancellation_is_recorded_as_cancelled(otel: Captured) -> None:
@@ -413,7 +426,7 @@ def test_stream_helper_error_event_reaches_get_final_message(otel: Captured) -> 
     client, _ = sync_client([wire.Reply.stream(events)])
     with client.messages.stream(**REQUEST) as stream, pytest.raises(anthropic.APIStatusError, match="api_error"):
         stream.get_final_message()
-    otel.assert_finished("APIStatusError")
+    otel.assert_finished("InternalServerError")  # an api_error event: what a 500 is recorded as
 
 
 def test_stream_helper_refused_request_fails_the_with(otel: Captured) -> None:

@@ -136,6 +136,23 @@ def _read_usage(op: Operation, usage: Any, *, final: bool) -> None:
             op.reasoning_tokens = reasoning
 
 
+# An error event inside a stream comes on the stream's 200 response, so the SDK raises every one of them as its base
+# APIStatusError. error.type names it as the same error is named when it is the response's status instead: the
+# SDK's class for that status (https://docs.claude.com/en/api/errors). Others keep the class name.
+_STREAM_ERRORS: Mapping[str, str] = {
+    "invalid_request_error": "BadRequestError",  # 400
+    "authentication_error": "AuthenticationError",  # 401
+    "billing_error": "PaymentRequiredError",  # 402
+    "permission_error": "PermissionDeniedError",  # 403
+    "not_found_error": "NotFoundError",  # 404
+    "request_too_large": "ContentTooLargeError",  # 413
+    "rate_limit_error": "RateLimitError",  # 429
+    "api_error": "InternalServerError",  # 500
+    "timeout_error": "GatewayTimeoutError",  # 504
+    "overloaded_error": "OverloadedError",  # 529
+}
+
+
 class _Messages:
     """``messages.create`` and ``messages.parse``: the request is in the keyword arguments."""
 
@@ -175,6 +192,9 @@ class _Messages:
     def read_error(self, op: Operation, error: BaseException) -> None:
         if isinstance(error, anthropic.APIStatusError):
             _HEADERS.read(op, error.response.headers)
+            kind = error.type
+            if error.response.status_code < 400 and isinstance(kind, str):  # an error event inside a stream
+                op.error_type = _STREAM_ERRORS.get(kind)
 
     def observe(self, op: Operation, chunk: Any) -> int:
         event = chunk.type

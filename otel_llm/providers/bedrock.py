@@ -24,7 +24,7 @@ from botocore.exceptions import ClientError
 from botocore.response import StreamingBody
 
 from otel_llm import _semconv as sc
-from otel_llm._calls import Kind, current_operation, hook, sync_call
+from otel_llm._calls import Kind, hook, sync_call
 from otel_llm._operation import Request
 from otel_llm._patching import Provider, Target
 from otel_llm._safety import report_failure
@@ -353,24 +353,15 @@ def _read_payload(op: Operation, payload: object) -> int:
 
 class _EventIterator(wrapt.ObjectProxy[Any]):
     """botocore's EventStream is iterable, not an iterator: this steps one iteration of it for the core's stream
-    proxy (which wraps this, so the caller's object still is an EventStream), and names a mid-stream exception
-    event by its code on the way through."""
+    proxy (which wraps this, so the caller's object still is an EventStream). A mid-stream exception event is named
+    by its code through ``read_error``, as a failed call is."""
 
-    def __init__(self, stream: Any, op: Operation | None) -> None:
+    def __init__(self, stream: Any) -> None:
         super().__init__(stream)
         self._self_events = iter(stream)
-        self._self_op = op
 
     def __next__(self) -> Any:
-        try:
-            return next(self._self_events)
-        except ClientError as error:
-            if self._self_op is not None:
-                try:
-                    _name_error(self._self_op, error)
-                except Exception:
-                    report_failure("stream error")
-            raise
+        return next(self._self_events)
 
 
 class _Endpoint:
@@ -438,7 +429,7 @@ class _StreamEndpoint(_Endpoint):
     key = "stream"  # where botocore's result holds the EventStream
 
     def receive(self, response: dict[str, Any]) -> Any:
-        return _EventIterator(response[self.key], current_operation())
+        return _EventIterator(response[self.key])
 
     def deliver(self, response: dict[str, Any], adopted: Any) -> Any:
         return {**response, self.key: adopted}
