@@ -310,16 +310,36 @@ def test_error_event_mid_stream_is_the_sdks_error_named_as_before_a_stream(otel:
     assert otel.point(sc.STABLE_NAMES.time_to_first_chunk.name).count == 1
 
 
-@pytest.mark.parametrize(("api_type", "error_type"), [
-    ("rate_limit_error", "RateLimitError"), ("api_error", "InternalServerError"),
-    ("invalid_request_error", "BadRequestError"), ("some_future_error", "APIStatusError"),
+@pytest.mark.parametrize(("api_type", "code", "status"), [
+    ("rate_limit_error", None, 429), ("api_error", None, 500), ("invalid_request_error", None, 400),
+    ("conflict_error", None, 409), ("rate_limit_error", "ramp_limit_exceeded", 429), ("some_future_error", None, 200),
 ])
-def test_error_events_mid_stream_are_named_by_their_status_class(otel: Captured, api_type: str,
-                                                                 error_type: str) -> None:
-    events = [*wa.sse(wa.text_events(TOKENS, usage=USAGE))[:5], wa.error_event(api_type, "failed")]
+def test_error_events_mid_stream_are_named_as_the_sdk_names_that_status(otel: Captured, api_type: str,
+                                                                        code: str | None, status: int) -> None:
+    body = wa.error_body(api_type, "failed")
+    if code is not None:
+        body["error"]["details"] = {"error_code": code}
+    events = [*wa.sse(wa.text_events(TOKENS, usage=USAGE))[:5], wire.sse(body, event="error")]
     with pytest.raises(anthropic.APIStatusError):
         create(False, [wire.Reply.stream(events)], **REQUEST, stream=True)
-    otel.assert_finished(error_type)
+    # what the SDK raises for the same error as a response status (200: none, its base class)
+    same_before_a_stream = type(anthropic._error_classes.make_status_error(
+        "failed", body=body, response=httpx2.Response(status, request=httpx2.Request("POST", BASE_URL))))
+    assert same_before_a_stream is not anthropic.APIStatusError or status == 200
+    otel.assert_finished(same_before_a_stream.__name__)
+
+
+def test_a_stream_failing_after_a_newer_response_leaves_that_responses_headroom(otel: Captured) -> None:
+    older, newer = wa.ratelimit_headers(requests=(50, 40)), wa.ratelimit_headers(requests=(50, 10))
+    failing = [*wa.sse(wa.text_events(TOKENS, usage=USAGE))[:5], wa.error_event("overloaded_error", "Overloaded")]
+    client, _ = sync_client([wire.Reply.stream(failing, headers=older),
+                             wa.json_reply(wa.message_body("x", usage=USAGE), headers=newer)])
+    stream = client.messages.create(**REQUEST, stream=True)  # its headers: 40 left
+    client.messages.create(**REQUEST)  # a later response: 10 left
+    with pytest.raises(anthropic.APIStatusError):
+        list(stream)  # fails last, its headers being older
+    remaining = otel.point(sc.STABLE_NAMES.rate_limit_remaining.name, otel_llm__rate_limit__resource="requests")
+    assert remaining.value == 10
 
 
 def test_asyncio_cancellation_is_recorded_as_cancelled(otel: Captured) -> None:
@@ -751,8 +771,9 @@ def platform_client(platform: str, reply: wire.Reply, is_async: bool) -> tuple[A
     ("vertex", sc.PROVIDER_GCP_VERTEX_AI, "us-east5-aiplatform.googleapis.com", VERTEX_MODEL,
      f"/v1/projects/my-project/locations/us-east5/publishers/anthropic/models/{VERTEX_MODEL}:rawPredict"),
 ], ids=["bedrock", "vertex"])
+@pytest.mark.parametrize("beta", [False, True], ids=["messages", "beta.messages"])
 def test_platform_clients(otel: Captured, platform: str, provider: str, address: str, model: str, path: str,
-                          stream: bool, is_async: bool) -> None:
+                          stream: bool, is_async: bool, beta: bool) -> None:
     events = wa.text_events(TOKENS, usage=USAGE, model=model)
     if not stream:
         reply = wa.json_reply(wa.message_body("Hello world", usage=USAGE, model=model))
@@ -762,13 +783,14 @@ def test_platform_clients(otel: Captured, platform: str, provider: str, address:
     else:
         reply = wa.stream_reply(events)
     client, recorder = platform_client(platform, reply, is_async)
+    messages = client.beta.messages if beta else client.messages  # the platforms' beta resources copy its methods
     request = {**REQUEST, "model": model, "stream": stream}
 
     async def run_async() -> Any:
-        result = await client.messages.create(**request)
+        result = await messages.create(**request)
         return [event async for event in result] if stream else result
 
-    result = asyncio.run(run_async()) if is_async else client.messages.create(**request)
+    result = asyncio.run(run_async()) if is_async else messages.create(**request)
     if stream:
         assert [event.type for event in result][2:5] == ["content_block_delta"] * 3
     else:

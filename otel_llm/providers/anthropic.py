@@ -47,6 +47,12 @@ from otel_llm._stream import CONTENT, OTHER
 from otel_llm.providers._stainless import ResponseHeaders
 from otel_llm.providers._values import count, field
 
+try:  # the SDK's table of exception classes by (status, error code), which names a stream's error events
+    from anthropic._error_classes import ERROR_CLASSES as _ERROR_CLASSES
+    from anthropic._exceptions import extract_error_code as _error_code
+except ImportError:
+    _ERROR_CLASSES = {}
+
 if TYPE_CHECKING:
     from otel_llm._operation import Operation
     from otel_llm._settings import Settings
@@ -137,20 +143,31 @@ def _read_usage(op: Operation, usage: Any, *, final: bool) -> None:
 
 
 # An error event inside a stream comes on the stream's 200 response, so the SDK raises every one of them as its base
-# APIStatusError. error.type names it as the same error is named when it is the response's status instead: the
-# SDK's class for that status (https://docs.claude.com/en/api/errors). Others keep the class name.
-_STREAM_ERRORS: Mapping[str, str] = {
-    "invalid_request_error": "BadRequestError",  # 400
-    "authentication_error": "AuthenticationError",  # 401
-    "billing_error": "PaymentRequiredError",  # 402
-    "permission_error": "PermissionDeniedError",  # 403
-    "not_found_error": "NotFoundError",  # 404
-    "request_too_large": "ContentTooLargeError",  # 413
-    "rate_limit_error": "RateLimitError",  # 429
-    "api_error": "InternalServerError",  # 500
-    "timeout_error": "GatewayTimeoutError",  # 504
-    "overloaded_error": "OverloadedError",  # 529
+# APIStatusError. error.type names it as the SDK names the same error when it is the response's status instead: its
+# class for that status and the error's code (https://docs.claude.com/en/api/errors). Others keep the class name.
+_STREAM_ERROR_STATUS: Mapping[str, int] = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "billing_error": 402,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "conflict_error": 409,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "timeout_error": 504,
+    "overloaded_error": 529,
 }
+
+
+def _stream_error_type(error: anthropic.APIStatusError) -> str | None:
+    status = _STREAM_ERROR_STATUS.get(error.type) if isinstance(error.type, str) else None
+    if status is None or not _ERROR_CLASSES:
+        return None
+    found = _ERROR_CLASSES.get((status, _error_code(error.body))) or _ERROR_CLASSES.get((status, None))
+    if found is None:
+        return "InternalServerError" if status >= 500 else None
+    return found.__name__
 
 
 class _Messages:
@@ -190,11 +207,12 @@ class _Messages:
             op.output_text.append("".join(block.text for block in result.content if block.type == "text"))
 
     def read_error(self, op: Operation, error: BaseException) -> None:
-        if isinstance(error, anthropic.APIStatusError):
+        if not isinstance(error, anthropic.APIStatusError):
+            return
+        if error.response.status_code < 400:  # an error event inside a stream: its headers were read on arrival
+            op.error_type = _stream_error_type(error)
+        else:
             _HEADERS.read(op, error.response.headers)
-            kind = error.type
-            if error.response.status_code < 400 and isinstance(kind, str):  # an error event inside a stream
-                op.error_type = _STREAM_ERRORS.get(kind)
 
     def observe(self, op: Operation, chunk: Any) -> int:
         event = chunk.type
@@ -259,7 +277,10 @@ def _sent_on_enter(call: Callable[[Telemetry], Wrapper], request_attribute: str,
 
 _MESSAGES, _STREAM_HELPER = _Messages(), _StreamHelper()
 _MESSAGES_MODULE = "anthropic.resources.messages.messages"
-_BETA_MODULE = "anthropic.resources.beta.messages.messages"  # client.beta.messages: the same shapes, Beta-named
+# client.beta.messages: the same shapes, Beta-named; the Bedrock and Vertex clients' beta resources hold copies of
+# its methods taken at import, so they are patched where they are
+_BETA_MODULES = ("anthropic.resources.beta.messages.messages", "anthropic.lib.bedrock._beta_messages",
+                 "anthropic.lib.vertex._beta_messages")
 
 
 def _messages_targets(module: str, managers: tuple[str, str]) -> tuple[Target, ...]:
@@ -283,8 +304,8 @@ PROVIDER = Provider(
     targets=(
         *_messages_targets(_MESSAGES_MODULE, ("_MessageStreamManager__api_request",
                                               "_AsyncMessageStreamManager__api_request")),
-        *_messages_targets(_BETA_MODULE, ("_BetaMessageStreamManager__api_request",
-                                          "_BetaAsyncMessageStreamManager__api_request")),
+        *(target for module in _BETA_MODULES for target in _messages_targets(module, (
+            "_BetaMessageStreamManager__api_request", "_BetaAsyncMessageStreamManager__api_request"))),
         # headers, retries and the SDK's own span: deeper in the client, on behalf of the operation in this context
         *_HEADERS.base_client_targets("anthropic"),
         Target("anthropic._base_client", "start_api_call_span", span_stand_in()),

@@ -334,7 +334,8 @@ class _Endpoint:
         raise NotImplementedError
 
     def read_error(self, op: Operation, error: BaseException) -> None:
-        if isinstance(error, openai.APIStatusError):
+        # a refused request's headers; a stream's were read when its response arrived
+        if isinstance(error, openai.APIStatusError) and error.response.status_code >= 400:
             _HEADERS.read(op, error.response.headers)
 
     def observe(self, op: Operation, chunk: Any) -> int:
