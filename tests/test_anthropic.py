@@ -16,6 +16,7 @@ import httpx2
 import pytest
 import wire
 import wire_anthropic as wa
+import wire_bedrock as wb
 import wrapt
 from conftest import Captured, Instrument, attributes, cancel_midway
 from opentelemetry.sdk.trace import TracerProvider
@@ -811,6 +812,16 @@ def test_platform_clients(otel: Captured, platform: str, provider: str, address:
     assert otel.point(sc.STABLE_NAMES.duration.name).attributes[sc.PROVIDER_NAME] == provider
     recorded = json.dumps(dict(attrs), default=str)
     assert "AKIDEXAMPLE" not in recorded and "ya29" not in recorded
+
+
+def test_bedrock_exception_frame_mid_stream_is_named_as_boto3_names_it(otel: Captured) -> None:
+    frames = [*wa.event_stream(wa.text_events(TOKENS, usage=USAGE, model=BEDROCK_MODEL))[:3],
+              wb.exception("throttlingException", "Too many requests, please wait before trying again.")]
+    reply = wire.Reply.stream(frames, headers={"content-type": "application/vnd.amazon.eventstream"})
+    client, _ = platform_client("bedrock", reply, is_async=False)
+    with pytest.raises(anthropic.APIStatusError, match="throttlingException"):
+        list(client.messages.create(**{**REQUEST, "model": BEDROCK_MODEL}, stream=True))
+    otel.assert_finished("ThrottlingException")  # as the boto3 path and the rate-limit rules name it
 
 
 # --- timing agrees with what the caller saw, over a real socket ------------------------------------------------------

@@ -161,8 +161,15 @@ _STREAM_ERROR_STATUS: Mapping[str, int] = {
 
 
 def _stream_error_type(error: anthropic.APIStatusError) -> str | None:
-    status = _STREAM_ERROR_STATUS.get(error.type) if isinstance(error.type, str) else None
-    if status is None or not _ERROR_CLASSES:
+    kind = error.type
+    if not isinstance(kind, str) or not kind:
+        return None
+    status = _STREAM_ERROR_STATUS.get(kind)
+    if status is None:
+        # AnthropicBedrock turns an AWS exception frame into an error event of that code (throttlingException):
+        # named as a boto3 client's are, ThrottlingException
+        return kind[0].upper() + kind[1:] if kind.endswith("Exception") else None
+    if not _ERROR_CLASSES:
         return None
     found = _ERROR_CLASSES.get((status, _error_code(error.body))) or _ERROR_CLASSES.get((status, None))
     if found is None:
