@@ -347,3 +347,36 @@ def test_counts_written_as_whole_floats_are_counts(otel: Captured) -> None:
     attrs = attributes(otel.span())
     assert (attrs[sc.USAGE_INPUT_TOKENS], attrs[sc.USAGE_OUTPUT_TOKENS]) == (12, 3)
     assert type(attrs[sc.USAGE_INPUT_TOKENS]) is int
+
+
+def _helper_events(client: Any) -> list[str]:
+    with client.chat.completions.stream(model="m", messages=MESSAGES) as stream:
+        events = [event.type for event in stream]
+        return [*events, stream.get_final_completion().model_dump_json()]
+
+
+def _streaming_response(client: Any) -> list[str]:
+    with client.chat.completions.with_streaming_response.create(model="m", messages=MESSAGES, stream=True) as raw:
+        return [chunk.model_dump_json() for chunk in raw.parse()]
+
+
+READ_PATHS = {
+    "create": lambda client: [chunk.model_dump_json() for chunk in client.chat.completions.create(
+        model="m", messages=MESSAGES, stream=True)],
+    "stream() helper": _helper_events,
+    "with_raw_response": lambda client: [chunk.model_dump_json() for chunk in client.chat.completions
+                                         .with_raw_response.create(model="m", messages=MESSAGES, stream=True).parse()],
+    "with_streaming_response": _streaming_response,
+}
+
+
+@pytest.mark.parametrize("read", READ_PATHS.values(), ids=READ_PATHS.keys())
+def test_every_way_of_reading_a_stream_gets_what_it_gets_without_us_and_usage_is_lifted(
+        instrument: Any, built_by_client: list[Any], read: Any) -> None:
+    without = read(sync_client(openai_server(tokens=TOKENS, usage=USAGE))[0])
+    captured = instrument()
+    built_by_client.clear()
+    assert read(sync_client(openai_server(tokens=TOKENS, usage=USAGE))[0]) == without
+    assert all(data["choices"] for data in built_by_client)
+    attrs = attributes(captured.span())
+    assert (attrs[sc.USAGE_INPUT_TOKENS], attrs[sc.USAGE_OUTPUT_TOKENS]) == (12, 3)
