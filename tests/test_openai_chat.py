@@ -380,3 +380,18 @@ def test_every_way_of_reading_a_stream_gets_what_it_gets_without_us_and_usage_is
     assert all(data["choices"] for data in built_by_client)
     attrs = attributes(captured.span())
     assert (attrs[sc.USAGE_INPUT_TOKENS], attrs[sc.USAGE_OUTPUT_TOKENS]) == (12, 3)
+
+
+def test_prompt_length_counts_the_text_of_every_message_shape(otel: Captured) -> None:
+    answered_before = openai.types.chat.ChatCompletionMessage(role="assistant", content="Earlier answer")
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "What is in"},
+                                     {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]},
+        answered_before,  # a message object passed back in
+        {"role": "tool", "tool_call_id": "call_1", "content": "42"},
+    ]
+    chat(False, openai_server(tokens=TOKENS, usage=USAGE), model="gpt-4o-mini", messages=messages)
+    expected = len("Be brief.") + len("What is in") + len("Earlier answer") + len("42")
+    assert attributes(otel.span())[sc.PROMPT_LENGTH] == expected
+    assert otel.point(sc.STABLE_NAMES.prompt_length.name).sum == expected

@@ -90,17 +90,20 @@ _servers: dict[int, tuple[Any, type, tuple[str, str | None, int | None]]] = {}
 
 
 def _text_chars(value: object) -> int:
-    """Characters of text in a prompt value: a string, or messages/parts/items holding text."""
+    """Characters of text in a prompt value: a string, or messages/parts/items holding text. Runs before every call
+    over the whole conversation: the common shapes (lists of dicts) are tested first, without the Mapping ABC."""
     if isinstance(value, str):
         return len(value)
-    if isinstance(value, Mapping):
-        total = 0
-        for key in ("content", "text", "output"):
-            if key in value:
-                total += _text_chars(value[key])
-        return total
     if isinstance(value, (list, tuple)):
-        return sum(_text_chars(item) for item in value)
+        return sum(map(_text_chars, value))
+    if isinstance(value, (dict, Mapping)):
+        content = value.get("content")
+        total = len(content) if isinstance(content, str) else _text_chars(content) if content is not None else 0
+        if "text" in value:
+            total += _text_chars(value["text"])
+        if "output" in value:
+            total += _text_chars(value["output"])
+        return total
     content = getattr(value, "content", None)  # a message object the caller passed back in
     return _text_chars(content) if content is not None else 0
 
