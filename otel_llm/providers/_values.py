@@ -3,6 +3,7 @@ validating them, so a count may arrive as anything the server sent: what is not 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 
@@ -26,3 +27,33 @@ def field(value: Any, name: str) -> Any:
     if isinstance(value, dict):
         return value.get(name)
     return getattr(value, name, None)
+
+
+def text_counter(*keys: str) -> Callable[[object], int]:
+    """How many characters of text a prompt holds: a string, the values under ``keys`` of a dict, through lists; of
+    an object (a message or block passed back as the client returned it) the first of ``keys`` it has. It runs
+    before every call over the whole conversation: the first key (where a message keeps its text) is read first,
+    and no Mapping ABC is asked per message."""
+    first, others = keys[0], keys[1:]
+
+    def count(value: object) -> int:
+        if isinstance(value, str):
+            return len(value)
+        if isinstance(value, (list, tuple)):
+            return sum(map(count, value))
+        if isinstance(value, (dict, Mapping)):
+            item = value.get(first)
+            total = 0 if item is None else len(item) if isinstance(item, str) else count(item)
+            for key in others:
+                if key in value:
+                    total += count(value[key])
+            return total
+        if value is None or isinstance(value, (int, float, bytes)):
+            return 0
+        for key in keys:
+            found = getattr(value, key, None)
+            if found is not None:
+                return count(found)
+        return 0
+
+    return count

@@ -45,7 +45,7 @@ from otel_llm._patching import Provider, Target
 from otel_llm._safety import report_failure
 from otel_llm._stream import CONTENT, OTHER
 from otel_llm.providers._stainless import ResponseHeaders
-from otel_llm.providers._values import count, field
+from otel_llm.providers._values import count, field, text_counter
 
 try:  # the SDK's table of exception classes by (status, error code), which names a stream's error events
     from anthropic._error_classes import ERROR_CLASSES as _ERROR_CLASSES
@@ -75,20 +75,8 @@ _HEADERS = ResponseHeaders(tuple(
 # --- request side ----------------------------------------------------------------------------------------------
 
 
-def _text_chars(value: object) -> int:
-    """Characters of text in ``system`` and ``messages``: strings, text and tool-result blocks, and the content
-    blocks of an earlier response passed back as they are."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, Mapping):
-        return sum(_text_chars(value[key]) for key in ("content", "text") if key in value)
-    if isinstance(value, (list, tuple)):
-        return sum(_text_chars(item) for item in value)
-    text = getattr(value, "text", None)
-    if isinstance(text, str):
-        return len(text)
-    content = getattr(value, "content", None)
-    return _text_chars(content) if content is not None else 0
+# a prompt's text: a message's or tool result's content, a block's text
+_text_chars = text_counter("content", "text")
 
 
 def _describe(instance: Any, kwargs: Mapping[str, Any], settings: Settings, *, stream: bool) -> Request:

@@ -29,7 +29,7 @@ from otel_llm._operation import Request
 from otel_llm._patching import Provider, Target
 from otel_llm._safety import report_failure
 from otel_llm._stream import CONTENT, OTHER
-from otel_llm.providers._values import count, number
+from otel_llm.providers._values import count, number, text_counter
 
 if TYPE_CHECKING:
     from otel_llm._calls import Wrapper
@@ -52,7 +52,7 @@ _PARAMETERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 _STOP_KEYS = ("stop_sequences", "stopSequences", "stop")
 # where input text sits: converse's arguments and every body format's top level; then inside messages and blocks
 _PROMPT_KEYS = ("system", "messages", "prompt", "inputText", "message", "chat_history", "preamble", "texts")
-_TEXT_KEYS = ("content", "text", "message", "toolResult")
+_text_chars = text_counter("content", "text", "message", "toolResult")
 
 _TOKEN_HEADERS = ("x-amzn-bedrock-input-token-count", "x-amzn-bedrock-output-token-count",
                   "x-amzn-bedrock-cache-read-input-token-count", "x-amzn-bedrock-cache-write-input-token-count")
@@ -80,17 +80,6 @@ def _request_parameters(body: Mapping[str, Any]) -> dict[str, Any]:
             if isinstance(stop, list) and stop and all(isinstance(s, str) for s in stop):
                 attributes.setdefault(sc.REQUEST_STOP_SEQUENCES, stop)
     return attributes
-
-
-def _text_chars(value: object) -> int:
-    """Characters of text in a prompt value: a string, or messages/blocks holding text."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, Mapping):
-        return sum(_text_chars(value[key]) for key in _TEXT_KEYS if key in value)
-    if isinstance(value, (list, tuple)):
-        return sum(_text_chars(item) for item in value)
-    return 0
 
 
 def _plain(value: object) -> object:

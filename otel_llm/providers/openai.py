@@ -24,7 +24,7 @@ from otel_llm._patching import Provider, Target
 from otel_llm._safety import report_failure
 from otel_llm._stream import CONTENT, HIDDEN, OTHER, closed_by_helper
 from otel_llm.providers._stainless import ResponseHeaders
-from otel_llm.providers._values import count, field, number
+from otel_llm.providers._values import count, field, number, text_counter
 
 if TYPE_CHECKING:
     from otel_llm._operation import Operation
@@ -89,23 +89,8 @@ def _provider_and_server(resource: Any) -> tuple[str, str | None, int | None]:
 _servers: dict[int, tuple[Any, type, tuple[str, str | None, int | None]]] = {}
 
 
-def _text_chars(value: object) -> int:
-    """Characters of text in a prompt value: a string, or messages/parts/items holding text. Runs before every call
-    over the whole conversation: the common shapes (lists of dicts) are tested first, without the Mapping ABC."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, (list, tuple)):
-        return sum(map(_text_chars, value))
-    if isinstance(value, (dict, Mapping)):
-        content = value.get("content")
-        total = len(content) if isinstance(content, str) else _text_chars(content) if content is not None else 0
-        if "text" in value:
-            total += _text_chars(value["text"])
-        if "output" in value:
-            total += _text_chars(value["output"])
-        return total
-    content = getattr(value, "content", None)  # a message object the caller passed back in
-    return _text_chars(content) if content is not None else 0
+# a prompt's text: message content, content parts' text, Responses items' output
+_text_chars = text_counter("content", "text", "output")
 
 
 def _message_content(value: object) -> object:
