@@ -103,6 +103,7 @@ def rate_limit_attributes(limits: dict[str, tuple[int, int]]) -> dict[str, float
 # --- one span, whole metric points -------------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("steady_clock")
 @pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
 def test_streamed_message_is_one_span_with_latency_usage_and_headroom(otel: Captured, is_async: bool) -> None:
     # 20 ms to the headers, then 10 ms before each of message_start, content_block_start and ping: 50 ms of events

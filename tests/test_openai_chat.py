@@ -52,6 +52,7 @@ def base_attributes() -> dict[str, Any]:
     }
 
 
+@pytest.mark.usefixtures("steady_clock")
 @pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
 def test_streamed_chat_is_one_span_with_latency_and_usage(otel: Captured, is_async: bool) -> None:
     server = openai_server(tokens=TOKENS, usage=USAGE, headers_delay=HEADERS_DELAY, delays=DELAYS)
