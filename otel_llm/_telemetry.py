@@ -116,8 +116,9 @@ class Telemetry:
         if not op.close(time.perf_counter_ns() if end_ns is None else end_ns, error_type):
             return
         try:
-            self._end_span(op, error if isinstance(error, BaseException) else None)
-            self._record_metrics(op)
+            tpot = _time_per_output_token(op)
+            self._end_span(op, error if isinstance(error, BaseException) else None, tpot)
+            self._record_metrics(op, tpot)
             if self._logger is not None:
                 self._emit_event(op, self._logger)
         except Exception:
@@ -125,7 +126,7 @@ class Telemetry:
 
     # --- writing ---------------------------------------------------------------------------------------------
 
-    def _end_span(self, op: Operation, exception: BaseException | None) -> None:
+    def _end_span(self, op: Operation, exception: BaseException | None, tpot: float | None) -> None:
         span = op.span
         end_epoch_ns = op.start_epoch_ns + (op.end_ns - op.start_ns)
         if not span.is_recording():
@@ -158,7 +159,6 @@ class Telemetry:
                 attributes[sc.RESPONSE_TIME_TO_FIRST_CHUNK] = (op.first_content_ns - op.start_ns) / _NS
             if chunks > 1:
                 attributes[sc.MAX_CHUNK_GAP] = op.max_gap_ns / _NS
-            tpot = _time_per_output_token(op)
             if tpot is not None:
                 attributes[sc.TIME_PER_OUTPUT_TOKEN] = tpot
         if op.headers_ns:
@@ -192,7 +192,7 @@ class Telemetry:
         logger.emit(event_name=sc.EVENT_OPERATION_DETAILS, attributes=attributes, context=op.context,
                     timestamp=op.start_epoch_ns + (op.end_ns - op.start_ns))
 
-    def _record_metrics(self, op: Operation) -> None:
+    def _record_metrics(self, op: Operation, tpot: float | None) -> None:
         request = op.request
         key = _series_key(op)
         series = self._series.get(key) or self._new_series(key, op)
@@ -212,7 +212,6 @@ class Telemetry:
                 series.time_to_first_chunk.record((op.first_content_ns - op.start_ns) / _NS, now, ctx)
             if op.record_gaps and op.gaps_ns:  # the longest gap links to the trace
                 series.chunk_gap.record_ns(op.gaps_ns, now, ctx, op.max_gap_ns)
-            tpot = _time_per_output_token(op)
             if tpot is not None:
                 series.time_per_output_token.record(tpot, now, ctx)
         for count, usage, histogram, counter in (
