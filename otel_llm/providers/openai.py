@@ -215,16 +215,15 @@ class _UsageLift:
     content chunk costs it, more than all our own work per request) only for the proxy to hide it. Installed as the
     stream's SSE decoder's ``decode`` once a choice has finished, so no chunk before pays for it: the client looks
     ``self.decode`` up per line. An event it is not sure of goes to the client as before (and the proxy hides it),
-    and so does one carrying an ``error``, which is the client's to raise. It holds the decoder weakly: a stream that
-    ends without that event (usage on the finishing chunk, a server that ignored the request, a caller that stopped)
-    must not keep its operation alive.
+    and so does one carrying an ``error``, which is the client's to raise.
     """
 
     __slots__ = ("_decoder", "_op")
 
     def __init__(self, decoder: SSEDecoder) -> None:
-        # both weakly: the decoder holds us, and a stream the caller dropped unread sits in the client's own
-        # reference cycle until the collector runs, which must not hold the operation too
+        # both weakly: the decoder holds us, and a stream that ends without that event (usage on the finishing
+        # chunk, a server that ignored the request, a caller that stopped) sits in the client's own reference cycle
+        # until the collector runs, which must not hold the operation too
         self._decoder = weakref.ref(decoder)
         self._op: weakref.ref[Operation] | None = None
 
