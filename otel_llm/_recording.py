@@ -10,14 +10,21 @@ bucket-aligned reservoir, the bucket found by bisection), in a fraction of the t
 one pass. Anything else (another SDK, a delta-temporality reader, a view with attribute keys or another aggregation,
 an overflowed series, internals that are not the ones checked here, a reader added later, a disabled meter) takes
 the public API. tests/test_recording.py checks that both paths give identical points.
+
+Under the SDK's default exemplar filter and reservoir, direct values do not even go in at once: they wait in a
+``Batch`` (a list append under one lock) until a reader collects, then go in together, a series at a time. A reader
+calls every observable instrument's callbacks before it reads its aggregations; ``Batch.flushing`` wraps one of
+ours. Of the exemplars offered meanwhile a series keeps the last per bucket, the one the SDK's bucket-aligned
+reservoir would keep. A batch holds at most ``LIMIT`` values: the record that fills it adds them all.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import reduce
 from itertools import repeat
 from math import inf
@@ -26,6 +33,9 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
+from opentelemetry.metrics import CallbackOptions, Observation
+
+from otel_llm._safety import report_failure
 
 _log = logging.getLogger("otel_llm")
 _NS = 1e9
@@ -50,11 +60,60 @@ except ImportError:  # another SDK, or a release that moved them: the public API
     _INTERNALS = False
 
 
+class Batch:
+    """Values of direct series waiting for the next collection (see the module's docstring)."""
+
+    LIMIT = 4096
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: list[Series] = []  # the series with values in
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def put(self, series: Series, values: Sequence[float], offer: tuple[float, int, Context] | None) -> None:
+        with self._lock:
+            if not series._pending:
+                self._waiting.append(series)
+            series._pending += values
+            if offer is not None:
+                series._pending_offers[bisect_left(series._boundaries, offer[0])] = offer
+            self._count += len(values)
+            full = self._count >= self.LIMIT
+        if full:
+            self.flush()
+
+    def flush(self) -> None:
+        """Add every waiting value to its series' aggregations."""
+        with self._lock:
+            waiting, self._waiting, self._count = self._waiting, [], 0
+            taken = [(series, series._pending, series._pending_offers) for series in waiting]
+            for series in waiting:
+                series._pending, series._pending_offers = [], {}
+        for series, values, offers in taken:
+            series._add_batch(values, offers)
+
+    def flushing(self, callback: Callable[[CallbackOptions], Iterable[Observation]]) -> Callable[
+            [CallbackOptions], Iterable[Observation]]:
+        """``callback`` for an observable instrument of the meter the batch's histograms belong to, flushing first."""
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
+            try:
+                self.flush()
+            except Exception:
+                report_failure("adding histogram values")
+            return callback(options)
+
+        return observe
+
+
 class Histogram:
     """One histogram instrument; ``series()`` gives the handle for one attribute set."""
 
-    def __init__(self, histogram: Any) -> None:
+    def __init__(self, histogram: Any, batch: Batch) -> None:
         self._histogram = histogram
+        self._batch = batch
         # None once the direct path is off for good (not the SDK we know, or it failed)
         self._consumer: Any = getattr(histogram, "_measurement_consumer", None) if _INTERNALS else None
 
@@ -67,7 +126,8 @@ class Histogram:
 
 
 class Series:
-    __slots__ = ("_aggregations", "_context_only", "_filter", "_owner", "_reservoirs", "_storages", "attributes")
+    __slots__ = ("_aggregations", "_batched", "_boundaries", "_context_only", "_filter", "_owner", "_pending",
+                 "_pending_offers", "_reservoirs", "_storages", "attributes")
 
     def __init__(self, owner: Histogram, attributes: dict[str, Any]) -> None:
         self._owner = owner
@@ -78,41 +138,39 @@ class Series:
         self._context_only = True  # the filter samples only values recorded with a sampled span
         # the aggregations' exemplar reservoirs when they are the SDK's own bucket-aligned ones (offered to directly)
         self._reservoirs: tuple[Any, ...] | None = None
+        # values go through the batch: a context-only filter, and aligned reservoirs that share their boundaries
+        self._batched = False
+        self._boundaries: Sequence[float] = ()
+        # in the batch, under its lock: values in order, and the last exemplar offered per bucket
+        self._pending: list[float] = []
+        self._pending_offers: dict[int, tuple[float, int, Context]] = {}
 
     def record(self, value: float, time_ns: int, context: Context | None = None) -> None:
         """As ``Histogram.record(value, attributes, context)``; ``time_ns`` is the exemplar's time. Without a context
         the value carries no span, so it never becomes an exemplar under the default filter."""
         aggregations = self._direct()
         if aggregations and 0 <= value < inf:  # negative, infinite and NaN values: the public API warns, drops them
-            try:
-                # decided before anything is added: once a value is in, it must not go through the public API too
-                offers = self._offers((value,), time_ns, context, value if context is not None else None)
-                for aggregation in aggregations:
-                    _add(aggregation, value)
-            except Exception:
-                self._owner._off()
-            else:
-                self._offer(aggregations, offers, time_ns)
+            if self._batched:
+                self._owner._batch.put(self, (value,), self._exemplar(value, time_ns, context))
+                return
+            if self._add_now(aggregations, (value,), time_ns, context, value if context is not None else None):
                 return
         self._owner._histogram.record(value, self.attributes, context=_NO_EXEMPLAR if context is None else context)
         self._resolve()
 
     def record_ns(self, values_ns: Sequence[int], time_ns: int, context: Context, exemplar_ns: int) -> None:
-        """Nanosecond values recorded in seconds, in order; the first equal to ``exemplar_ns`` carries ``context``,
-        the others none (so by default only that one can become an exemplar)."""
+        """Nanosecond values recorded in seconds, in order; the first equal to ``exemplar_ns`` (one of them, or -1
+        for none) carries ``context``, the others none (so by default only that one can become an exemplar)."""
         if not values_ns:
             return
         aggregations = self._direct()
         if aggregations and min(values_ns) >= 0:
-            try:
-                seconds = list(map(truediv, values_ns, repeat(_NS, len(values_ns))))
-                offers = self._offers(seconds, time_ns, context, exemplar_ns / _NS)
-                for aggregation in aggregations:
-                    _add_all(aggregation, seconds)
-            except Exception:
-                self._owner._off()
-            else:
-                self._offer(aggregations, offers, time_ns)
+            seconds = list(map(truediv, values_ns, repeat(_NS, len(values_ns))))
+            exemplar = exemplar_ns / _NS if exemplar_ns >= 0 else None
+            if self._batched:
+                self._owner._batch.put(self, seconds, self._exemplar(exemplar, time_ns, context))
+                return
+            if self._add_now(aggregations, seconds, time_ns, context, exemplar):
                 return
         record = self._owner._histogram.record
         for value in values_ns:
@@ -120,6 +178,55 @@ class Series:
             if value == exemplar_ns:
                 exemplar_ns = -1
         self._resolve()
+
+    def _exemplar(self, value: float | None, time_ns: int,
+                  context: Context | None) -> tuple[float, int, Context] | None:
+        """Under a filter that samples only values recorded with a sampled span: the one value that can be offered,
+        if it is."""
+        if value is None or context is None or not self._filter.should_sample(value, time_ns, self.attributes, context):
+            return None
+        return value, time_ns, context
+
+    def _add_now(self, aggregations: tuple[Any, ...], values: Sequence[float], time_ns: int, context: Context | None,
+                 exemplar: float | None) -> bool:
+        """Add the values to the aggregations at once; False if the public API must take them instead."""
+        try:
+            # decided before anything is added: once a value is in, it must not go through the public API too
+            offers = self._offers(values, time_ns, context, exemplar)
+            for aggregation in aggregations:
+                if len(values) == 1:
+                    _add(aggregation, values[0])
+                else:
+                    _add_all(aggregation, values)
+        except Exception:
+            self._owner._off()
+            return False
+        self._offer(aggregations, offers, time_ns)
+        return True
+
+    def _add_batch(self, values: list[float], offers: dict[int, tuple[float, int, Context]]) -> None:
+        """Values from the batch, in the order they were recorded; then the exemplars, as the reservoir would have
+        kept them."""
+        aggregations, reservoirs = self._aggregations, self._reservoirs
+        if not aggregations or reservoirs is None or self._owner._consumer is None:  # readers changed meanwhile, or
+            # the direct path is off: the public API knows where they go
+            record = self._owner._histogram.record
+            for value in values:
+                record(value, self.attributes, context=_NO_EXEMPLAR)
+            return
+        added = 0
+        try:
+            for aggregation in aggregations:
+                _add_all(aggregation, values)
+                added += 1
+            for bucket, (value, time_ns, context) in offers.items():
+                for reservoir in reservoirs:
+                    with reservoir._lock:
+                        reservoir._reservoir_storage[bucket].offer(value, time_ns, self.attributes, context)
+        except Exception:
+            self._owner._off()
+            if not added:  # nothing is in yet: the public API takes them all
+                self._add_batch(values, {})
 
     def _direct(self) -> tuple[Any, ...]:
         """The aggregations to add to, or () for the public API."""
@@ -129,6 +236,8 @@ class Series:
             if consumer is not None and consumer._reader_storages is self._storages \
                     and self._owner._histogram._is_enabled():
                 return aggregations
+            if self._pending:  # what waits belongs to these aggregations
+                self._owner._batch.flush()
             self._aggregations = ()  # readers changed, the path is off, or the meter is disabled: look again
         return ()
 
@@ -136,11 +245,10 @@ class Series:
                 exemplar: float | None) -> list[tuple[float, Context]]:
         """The values the exemplar filter samples, in order, each with its context: the first value equal to
         ``exemplar`` carries ``context``, the others none, as the public API would see them."""
-        should_sample, attributes = self._filter.should_sample, self.attributes
         if self._context_only:  # only a value recorded with a sampled span can be sampled
-            if exemplar is None or context is None or not should_sample(exemplar, time_ns, attributes, context):
-                return []
-            return [(exemplar, context)]
+            offer = self._exemplar(exemplar, time_ns, context)
+            return [] if offer is None else [(offer[0], offer[2])]
+        should_sample, attributes = self._filter.should_sample, self.attributes
         offers = []
         for value in values:  # a filter that may sample any value: each, as the public API would
             value_context = _NO_EXEMPLAR
@@ -185,13 +293,16 @@ class Series:
                         return
                     found.append(aggregation)
             self._aggregations, self._storages = tuple(found), storages
-            reservoirs = tuple(aggregation._reservoir for aggregation in found)
+            reservoirs: tuple[Any, ...] = tuple(aggregation._reservoir for aggregation in found)
             aligned = all(type(reservoir) is AlignedHistogramBucketExemplarReservoir
                           and tuple(reservoir._boundaries) == tuple(aggregation._boundaries)
                           for reservoir, aggregation in zip(reservoirs, found, strict=True))
             self._reservoirs = reservoirs if aligned else None
             self._filter = consumer._sdk_config.exemplar_filter
             self._context_only = isinstance(self._filter, _CONTEXT_ONLY_FILTERS)
+            self._batched = aligned and self._context_only \
+                and len({tuple(reservoir._boundaries) for reservoir in reservoirs}) == 1
+            self._boundaries = reservoirs[0]._boundaries if self._batched else ()
         except Exception:
             _log.debug("otel_llm: SDK internals not as expected; histograms use the public API", exc_info=True)
             self._owner._consumer = None
@@ -212,7 +323,7 @@ def _add(aggregation: Any, value: float) -> None:
         counts[bisect_left(aggregation._boundaries, value)] += 1
 
 
-def _add_all(aggregation: Any, values: list[float]) -> None:
+def _add_all(aggregation: Any, values: Sequence[float]) -> None:
     """_add() for each value, in C loops: the bucket of each value counted, the sum added value by value in order
     (the same float sum as one record() each)."""
     boundaries = aggregation._boundaries

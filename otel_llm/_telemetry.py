@@ -20,7 +20,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from otel_llm import _semconv as sc
 from otel_llm._operation import Operation, Request
-from otel_llm._recording import _NO_EXEMPLAR, Histogram, Series
+from otel_llm._recording import _NO_EXEMPLAR, Batch, Histogram, Series
 from otel_llm._safety import report_failure
 from otel_llm._spans import set_attributes
 
@@ -41,6 +41,8 @@ class Telemetry:
         self._logger = logger if settings.capture_content.on_event else None
         self._gap_rate = settings.chunk_gap_sample_rate
         names = settings.metric_names
+        # histogram values wait here until a reader collects: its callbacks (the rate-limit gauges') flush it
+        self._batch = batch = Batch()
 
         def histogram(instrument: sc.Instrument | None) -> Histogram | None:
             if instrument is None:
@@ -48,7 +50,7 @@ class Telemetry:
             return Histogram(meter.create_histogram(
                 instrument.name, unit=instrument.unit, description=instrument.description,
                 explicit_bucket_boundaries_advisory=list(instrument.buckets),
-            ))
+            ), batch)
 
         def counter(instrument: sc.Instrument | None) -> Any:
             if instrument is None:
@@ -74,8 +76,8 @@ class Telemetry:
         self._limits: dict[frozenset[tuple[str, Any]], tuple[float, int]] = {}
         for instrument, latest in ((names.rate_limit_remaining, self._remaining),
                                    (names.rate_limit_limit, self._limits)):
-            meter.create_observable_gauge(instrument.name, callbacks=[_observe_latest(latest)], unit=instrument.unit,
-                                          description=instrument.description)
+            meter.create_observable_gauge(instrument.name, callbacks=[batch.flushing(_observe_latest(latest))],
+                                          unit=instrument.unit, description=instrument.description)
 
     # --- lifecycle -------------------------------------------------------------------------------------------
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import random
+import sys
+import threading
 from typing import Any
 
 import pytest
@@ -13,6 +15,7 @@ from opentelemetry.sdk.metrics import (
     AlwaysOnExemplarFilter,
     ExemplarFilter,
     MeterProvider,
+    SimpleFixedSizeExemplarReservoir,
 )
 from opentelemetry.sdk.metrics import Histogram as SdkHistogram
 from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader
@@ -20,7 +23,7 @@ from opentelemetry.sdk.metrics.view import ExponentialBucketHistogramAggregation
 from opentelemetry.sdk.trace import TracerProvider
 
 from otel_llm import _semconv as sc
-from otel_llm._recording import _NO_EXEMPLAR, Histogram
+from otel_llm._recording import _NO_EXEMPLAR, Batch, Histogram
 
 ATTRIBUTES = [{sc.REQUEST_MODEL: model, sc.SERVER_PORT: 443} for model in ("a", "b")]
 TIME = 1_700_000_000_000_000_000
@@ -44,6 +47,18 @@ def points(reader: InMemoryMetricReader) -> list[tuple[Any, ...]]:
 def sdk_histogram(reader: InMemoryMetricReader, **provider: Any) -> Any:
     meter = MeterProvider(metric_readers=[reader], **provider).get_meter("t")
     return meter.create_histogram("h", unit="s", explicit_bucket_boundaries_advisory=list(sc.CHUNK_BUCKETS))
+
+
+def direct_histogram(meter: Any, batch: Batch | None = None) -> Histogram:
+    """Ours, as Telemetry makes it: its batch flushed by a callback of an observable instrument on the same meter."""
+    batch = Batch() if batch is None else batch
+    meter.create_observable_gauge("g", callbacks=[batch.flushing(lambda options: [])])
+    return Histogram(meter.create_histogram("h", unit="s", explicit_bucket_boundaries_advisory=list(sc.CHUNK_BUCKETS)),
+                     batch)
+
+
+def our_histogram(reader: InMemoryMetricReader, **provider: Any) -> Histogram:
+    return direct_histogram(MeterProvider(metric_readers=[reader], **provider).get_meter("t"))
 
 
 def record_public(histogram: Any, values: list[tuple[float, int]], context: Any) -> None:
@@ -78,9 +93,10 @@ def test_direct_records_match_the_public_api(exemplar_filter: ExemplarFilter | N
     public, direct = InMemoryMetricReader(), InMemoryMetricReader()
     public_histogram = sdk_histogram(public, **provider)
     record_public(public_histogram, values, context)
-    histogram = Histogram(sdk_histogram(direct, **provider))
+    histogram = our_histogram(direct, **provider)
     series = record_direct(histogram, values, context)
     assert all(s._aggregations and s._reservoirs for s in series)  # the direct path was taken, exemplars too
+    assert all(s._batched == (exemplar_filter is None) for s in series)  # the default filter's values wait
     assert points(direct) == points(public)
     # and again after a collection, recorded without a span: cumulative series keep counting into the same
     # aggregations, and such values become exemplars only under a filter that samples without a span
@@ -107,7 +123,7 @@ def test_a_batch_of_gaps_matches_one_public_record_each(exemplar_filter: Exempla
         public_histogram.record(gap / 1e9, ATTRIBUTES[0], context=context if gap == exemplar else _NO_EXEMPLAR)
         if gap == exemplar:
             exemplar = -1
-    series = Histogram(sdk_histogram(direct, **provider)).series(ATTRIBUTES[0])
+    series = our_histogram(direct, **provider).series(ATTRIBUTES[0])
     series.record_ns(gaps_ns[:1], TIME, _NO_EXEMPLAR, -1)  # the first value creates the series, publicly
     series.record_ns(gaps_ns[1:], TIME, context, longest)
     assert series._aggregations
@@ -116,7 +132,7 @@ def test_a_batch_of_gaps_matches_one_public_record_each(exemplar_filter: Exempla
 
 def test_gaps_other_than_the_longest_never_link_to_the_callers_span() -> None:
     reader = InMemoryMetricReader()
-    series = Histogram(sdk_histogram(reader)).series(ATTRIBUTES[0])
+    series = our_histogram(reader).series(ATTRIBUTES[0])
     ours = span_context()
     with trace.use_span(TracerProvider().get_tracer("t").start_span("caller")):  # a sampled span of the caller
         series.record_ns([1_000_000, 5_000_000], TIME, ours, 5_000_000)  # public API: creates the series
@@ -134,8 +150,21 @@ def test_views_take_the_public_api(provider: dict[str, Any]) -> None:
     values = [(0.001 * i, i % 2) for i in range(1, 40)]
     public, direct = InMemoryMetricReader(), InMemoryMetricReader()
     record_public(sdk_histogram(public, **provider), values, span_context())
-    series = record_direct(Histogram(sdk_histogram(direct, **provider)), values, span_context())
+    series = record_direct(our_histogram(direct, **provider), values, span_context())
     assert not any(s._aggregations for s in series)
+    assert [point[:6] for point in points(direct)] == [point[:6] for point in points(public)]
+
+
+def test_other_exemplar_reservoirs_are_added_to_at_once() -> None:
+    def sampling(**histogram_options: Any) -> SimpleFixedSizeExemplarReservoir:
+        return SimpleFixedSizeExemplarReservoir(size=4)
+
+    view = View(instrument_name="h", exemplar_reservoir_factory=lambda _: sampling)
+    values = [(0.001 * i, i % 2) for i in range(1, 40)]
+    public, direct = InMemoryMetricReader(), InMemoryMetricReader()
+    record_public(sdk_histogram(public, views=[view]), values, span_context())
+    series = record_direct(our_histogram(direct, views=[view]), values, span_context())
+    assert all(s._aggregations and not s._batched for s in series)  # direct, without the batch
     assert [point[:6] for point in points(direct)] == [point[:6] for point in points(public)]
 
 
@@ -145,7 +174,7 @@ def test_delta_readers_take_the_public_api() -> None:
     public = InMemoryMetricReader(preferred_temporality=delta)
     direct = InMemoryMetricReader(preferred_temporality=delta)
     record_public(sdk_histogram(public), values, _NO_EXEMPLAR)
-    series = record_direct(Histogram(sdk_histogram(direct)), values, _NO_EXEMPLAR)
+    series = record_direct(our_histogram(direct), values, _NO_EXEMPLAR)
     assert not any(s._aggregations for s in series)
     assert points(direct) == points(public)
     for value, index in values[:5]:  # after a delta collection, still every value
@@ -156,8 +185,7 @@ def test_delta_readers_take_the_public_api() -> None:
 def test_a_reader_added_later_sees_every_value_after_it() -> None:
     first, second = InMemoryMetricReader(), InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[first])
-    series = Histogram(provider.get_meter("t").create_histogram(
-        "h", explicit_bucket_boundaries_advisory=list(sc.CHUNK_BUCKETS))).series(ATTRIBUTES[0])
+    series = direct_histogram(provider.get_meter("t")).series(ATTRIBUTES[0])
     for _ in range(3):
         series.record(0.01, TIME, _NO_EXEMPLAR)
     provider.add_metric_reader(second)
@@ -168,7 +196,7 @@ def test_a_reader_added_later_sees_every_value_after_it() -> None:
 
 def test_values_the_sdk_refuses_are_refused_the_same_way() -> None:
     reader = InMemoryMetricReader()
-    series = Histogram(sdk_histogram(reader)).series(ATTRIBUTES[0])
+    series = our_histogram(reader).series(ATTRIBUTES[0])
     for value in (0.5, 0.25, -1.0, float("nan"), float("inf"), 0.75):
         series.record(value, TIME, _NO_EXEMPLAR)
     series.record_ns([], TIME, _NO_EXEMPLAR, -1)  # a stream without gaps: nothing
@@ -178,15 +206,15 @@ def test_values_the_sdk_refuses_are_refused_the_same_way() -> None:
 
 def test_internals_that_are_not_as_expected_fall_back() -> None:
     reader = InMemoryMetricReader()
-    histogram = Histogram(sdk_histogram(reader))
+    histogram = our_histogram(reader)
     series = histogram.series(ATTRIBUTES[0])
     series.record(0.01, TIME, _NO_EXEMPLAR)
     assert series._aggregations
     series._aggregations = (object(),)  # an aggregation without the SDK's insides
     series.record(0.02, TIME, _NO_EXEMPLAR)
     series.record_ns([30_000_000], TIME, _NO_EXEMPLAR, -1)
-    assert histogram._consumer is None  # off for good, and nothing was lost
-    assert points(reader)[0][1] == 3
+    assert points(reader)[0][1] == 3  # nothing was lost
+    assert histogram._consumer is None  # and the direct path is off for good
 
 
 class _FailingReservoir(AlignedHistogramBucketExemplarReservoir):
@@ -201,9 +229,82 @@ class _FailingReservoir(AlignedHistogramBucketExemplarReservoir):
 def test_a_failure_after_the_value_is_in_never_counts_it_twice() -> None:
     reader = InMemoryMetricReader()
     view = View(instrument_name="h", exemplar_reservoir_factory=lambda _: _FailingReservoir)
-    series = Histogram(sdk_histogram(reader, views=[view])).series(ATTRIBUTES[0])
+    series = our_histogram(reader, views=[view]).series(ATTRIBUTES[0])
     for value in (0.5, 0.5, 2.0):
         with contextlib.suppress(RuntimeError):  # what the public API would raise too
             series.record(value, TIME, span_context())
     ((_, count, total, *_),) = points(reader)
     assert (count, total) == (3, 3.0)
+
+
+def test_values_wait_in_the_batch_until_a_reader_collects() -> None:
+    reader = InMemoryMetricReader()
+    batch = Batch()
+    series = direct_histogram(MeterProvider(metric_readers=[reader]).get_meter("t"), batch).series(ATTRIBUTES[0])
+    for _ in range(10):
+        series.record(0.01, TIME, span_context())
+    series.record_ns([20_000_000] * 5, TIME, _NO_EXEMPLAR, -1)
+    assert len(batch) == 14  # the first value made the series through the public API; the rest wait
+    ((_, count, total, *_),) = points(reader)
+    assert (count, total, len(batch)) == (15, pytest.approx(0.2), 0)
+
+
+def test_a_full_batch_adds_its_values_without_waiting() -> None:
+    reader = InMemoryMetricReader()
+    batch = Batch()
+    histogram = direct_histogram(MeterProvider(metric_readers=[reader]).get_meter("t"), batch)
+    series = [histogram.series(attributes) for attributes in ATTRIBUTES]
+    sizes = []
+    for i in range(3 * Batch.LIMIT):
+        series[i % 2].record(0.001, TIME)
+        sizes.append(len(batch))
+    # the first value of each series goes through the public API; the batch never holds more than LIMIT - 1
+    # values and empties each time it fills
+    assert max(sizes) == Batch.LIMIT - 1 and sizes[2:].count(0) == (3 * Batch.LIMIT - 2) // Batch.LIMIT
+    assert [point[1] for point in points(reader)] == [3 * Batch.LIMIT // 2] * 2
+
+
+def test_every_reader_sees_every_value_whichever_collects_first() -> None:
+    first, second = InMemoryMetricReader(), InMemoryMetricReader()
+    series = direct_histogram(MeterProvider(metric_readers=[first, second]).get_meter("t")).series(ATTRIBUTES[0])
+    for _ in range(4):
+        series.record(0.01, TIME, _NO_EXEMPLAR)
+    assert points(second)[0][1] == 4
+    series.record(0.01, TIME, _NO_EXEMPLAR)
+    assert points(first)[0][1] == 5
+    assert points(second)[0][1] == 5
+
+
+def test_values_recorded_while_readers_collect_are_neither_lost_nor_counted_twice() -> None:
+    reader = InMemoryMetricReader()
+    histogram = direct_histogram(MeterProvider(metric_readers=[reader]).get_meter("t"))
+    series = [histogram.series(attributes) for attributes in ATTRIBUTES]
+    done = threading.Event()
+
+    def record(index: int) -> None:
+        for _ in range(20_000):
+            series[index].record(0.002, TIME)
+            series[index].record_ns([3_000_000, 4_000_000], TIME, _NO_EXEMPLAR, -1)
+
+    def collect() -> None:
+        while not done.is_set():
+            reader.get_metrics_data()
+
+    collector = threading.Thread(target=collect)
+    recorders = [threading.Thread(target=record, args=(index % 2,)) for index in range(4)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch as often as the interpreter lets them
+    try:
+        collector.start()
+        for thread in recorders:
+            thread.start()
+        for thread in recorders:
+            thread.join()
+        done.set()
+        collector.join()
+    finally:
+        sys.setswitchinterval(interval)
+    for point in points(reader):
+        count, total, buckets = point[1], point[2], point[5]
+        assert count == 2 * 20_000 * 3 and sum(buckets) == count
+        assert total == pytest.approx(2 * 20_000 * 0.009)
