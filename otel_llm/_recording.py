@@ -15,7 +15,10 @@ Under the SDK's default exemplar filter and reservoir, direct values do not even
 ``Batch`` (a list append under one lock) until a reader collects, then go in together, a series at a time. A reader
 calls every observable instrument's callbacks before it reads its aggregations; ``Batch.flushing`` wraps one of
 ours. Of the exemplars offered meanwhile a series keeps the last per bucket, the one the SDK's bucket-aligned
-reservoir would keep. A batch holds at most ``LIMIT`` values: the record that fills it adds them all.
+reservoir would keep. A batch holds at most ``LIMIT`` values: the record that fills it adds them all. One flush
+runs at a time, so a collection also waits for values another thread is adding. Known gap: a meter disabled at
+run time (the SDK's experimental meter configurator) calls no callbacks, so what waited then goes in only when a
+series of it records again, or the meter is enabled again.
 """
 
 from __future__ import annotations
@@ -66,7 +69,10 @@ class Batch:
     LIMIT = 4096
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # what waits: held for list operations only
+        # one flush at a time, held while it adds: a reader collecting while another thread adds a full batch waits
+        # for those values, and values go in in the order they were taken
+        self._flush_lock = threading.Lock()
         self._waiting: list[Series] = []  # the series with values in
         self._count = 0
 
@@ -87,13 +93,14 @@ class Batch:
 
     def flush(self) -> None:
         """Add every waiting value to its series' aggregations."""
-        with self._lock:
-            waiting, self._waiting, self._count = self._waiting, [], 0
-            taken = [(series, series._pending, series._pending_offers) for series in waiting]
-            for series in waiting:
-                series._pending, series._pending_offers = [], {}
-        for series, values, offers in taken:
-            series._add_batch(values, offers)
+        with self._flush_lock:
+            with self._lock:
+                waiting, self._waiting, self._count = self._waiting, [], 0
+                taken = [(series, series._pending, series._pending_offers) for series in waiting]
+                for series in waiting:
+                    series._pending, series._pending_offers = [], {}
+            for series, values, offers in taken:
+                series._add_batch(values, offers)
 
     def flushing(self, callback: Callable[[CallbackOptions], Iterable[Observation]]) -> Callable[
             [CallbackOptions], Iterable[Observation]]:
@@ -111,14 +118,26 @@ class Batch:
 class Histogram:
     """One histogram instrument; ``series()`` gives the handle for one attribute set."""
 
+    # attribute sets whose handles are kept; the SDK's own cardinality limit is 2000
+    MAX_SERIES = 4096
+
     def __init__(self, histogram: Any, batch: Batch) -> None:
         self._histogram = histogram
         self._batch = batch
         # None once the direct path is off for good (not the SDK we know, or it failed)
         self._consumer: Any = getattr(histogram, "_measurement_consumer", None) if _INTERNALS else None
+        self._series: dict[frozenset[tuple[str, Any]], Series] = {}
 
     def series(self, attributes: Mapping[str, Any]) -> Series:
-        return Series(self, dict(attributes))
+        """The one handle of an attribute set: values of one SDK aggregation wait in one list, in record order."""
+        key = frozenset(attributes.items())
+        found = self._series.get(key)
+        if found is None:
+            if len(self._series) >= self.MAX_SERIES:  # unbounded attribute values: start over rather than grow,
+                self._batch.flush()  # once what waits is in (a new handle must not overtake an old one's values)
+                self._series.clear()
+            found = self._series.setdefault(key, Series(self, dict(attributes)))  # one, if two threads race
+        return found
 
     def _off(self) -> None:
         _log.debug("otel_llm: direct histogram record failed; using the public API", exc_info=True)

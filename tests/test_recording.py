@@ -6,6 +6,7 @@ import contextlib
 import random
 import sys
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMet
 from opentelemetry.sdk.metrics.view import ExponentialBucketHistogramAggregation, View
 from opentelemetry.sdk.trace import TracerProvider
 
+from otel_llm import _recording
 from otel_llm import _semconv as sc
 from otel_llm._recording import _NO_EXEMPLAR, Batch, Histogram
 
@@ -308,3 +310,44 @@ def test_values_recorded_while_readers_collect_are_neither_lost_nor_counted_twic
         count, total, buckets = point[1], point[2], point[5]
         assert count == 2 * 20_000 * 3 and sum(buckets) == count
         assert total == pytest.approx(2 * 20_000 * 0.009)
+
+
+def test_one_attribute_set_has_one_handle_whoever_asks() -> None:
+    """Values of one SDK aggregation wait in one list, so they go in in the order they were recorded."""
+    public, direct = InMemoryMetricReader(), InMemoryMetricReader()
+    histogram = our_histogram(direct)
+    first, second = histogram.series(ATTRIBUTES[0]), histogram.series(dict(reversed(ATTRIBUTES[0].items())))
+    assert first is second
+    values = [(0.1 + 0.001 * i, 0) for i in range(1, 40)]
+    record_public(sdk_histogram(public), values, span_context())
+    for index, (value, _) in enumerate(values):
+        (first if index % 2 else second).record(value, TIME, span_context())
+    assert [point[:6] for point in points(direct)] == [point[:6] for point in points(public)]
+
+
+def test_a_collection_waits_for_a_full_batch_another_thread_is_adding(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever was recorded before a reader collects is in that collection, even while another thread is adding a
+    full batch (here it takes 0.2 s over one series, while another series' value still waits to go in)."""
+    reader = InMemoryMetricReader()
+    histogram = our_histogram(reader)
+    long, short = histogram.series(ATTRIBUTES[1]), histogram.series(ATTRIBUTES[0])
+    long.record(0.01, TIME)  # each series' first value: the public API
+    short.record(0.01, TIME)
+    add_all = _recording._add_all
+    adding = threading.Event()
+
+    def slow_add_all(aggregation: Any, values: Any) -> None:
+        if len(values) > 1:
+            adding.set()
+            time.sleep(0.2)  # the GIL is free: the reader collects meanwhile
+        add_all(aggregation, values)
+
+    monkeypatch.setattr(_recording, "_add_all", slow_add_all)
+    long.record(0.01, TIME)
+    short.record(0.01, TIME)  # waits behind the long series
+    filling = threading.Thread(target=long.record_ns, args=([1_000_000] * Batch.LIMIT, TIME, _NO_EXEMPLAR, -1))
+    filling.start()
+    assert adding.wait(5)  # the filling thread has taken every waiting value and is adding the long series' ones
+    exported = {point[0][sc.REQUEST_MODEL]: point[1] for point in points(reader)}
+    filling.join()
+    assert exported == {"a": 2, "b": 2 + Batch.LIMIT}
