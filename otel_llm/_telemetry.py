@@ -8,6 +8,7 @@ import asyncio
 import json
 import random
 import time
+import weakref
 from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -41,43 +42,27 @@ class Telemetry:
         self._logger = logger if settings.capture_content.on_event else None
         self._gap_rate = settings.chunk_gap_sample_rate
         names = settings.metric_names
-        # histogram values wait here until a reader collects: its callbacks (the rate-limit gauges') flush it
-        self._batch = batch = Batch()
-
-        def histogram(instrument: sc.Instrument | None) -> Histogram | None:
-            if instrument is None:
-                return None
-            return Histogram(meter.create_histogram(
-                instrument.name, unit=instrument.unit, description=instrument.description,
-                explicit_bucket_boundaries_advisory=list(instrument.buckets),
-            ), batch)
+        shared = _shared(meter, names)
+        self._batch = shared.batch
 
         def counter(instrument: sc.Instrument | None) -> Any:
             if instrument is None:
                 return None
             return meter.create_counter(instrument.name, unit=instrument.unit, description=instrument.description)
 
-        self._duration = histogram(names.duration)
-        self._ttfc = histogram(names.time_to_first_chunk)
-        self._chunk_gap = histogram(names.time_per_output_chunk)
-        self._token_usage = histogram(names.token_usage)
-        self._input_tokens = histogram(names.input_tokens)
-        self._output_tokens = histogram(names.output_tokens)
+        self._duration = shared.histogram(meter, names.duration)
+        self._ttfc = shared.histogram(meter, names.time_to_first_chunk)
+        self._chunk_gap = shared.histogram(meter, names.time_per_output_chunk)
+        self._token_usage = shared.histogram(meter, names.token_usage)
+        self._input_tokens = shared.histogram(meter, names.input_tokens)
+        self._output_tokens = shared.histogram(meter, names.output_tokens)
         self._input_counter = counter(names.input_token_counter)
         self._output_counter = counter(names.output_token_counter)
-        self._tpot = histogram(names.time_per_output_token)
-        self._prompt_length = histogram(names.prompt_length)
+        self._tpot = shared.histogram(meter, names.time_per_output_token)
+        self._prompt_length = shared.histogram(meter, names.prompt_length)
         # what each kind of operation records into, by _series_key()
         self._series: dict[tuple[Any, ...], _Series] = {}
-        # rate-limit headroom changes on every response but is read once per export: keep the latest values
-        # here (a dict store per operation) and let the SDK observe them when it collects. Latest by the time the
-        # response arrived, not the time its operation finished: a long stream must not overwrite newer 429s.
-        self._remaining: dict[frozenset[tuple[str, Any]], tuple[float, int]] = {}
-        self._limits: dict[frozenset[tuple[str, Any]], tuple[float, int]] = {}
-        for instrument, latest in ((names.rate_limit_remaining, self._remaining),
-                                   (names.rate_limit_limit, self._limits)):
-            meter.create_observable_gauge(instrument.name, callbacks=[batch.flushing(_observe_latest(latest))],
-                                          unit=instrument.unit, description=instrument.description)
+        self._remaining, self._limits = shared.remaining, shared.limits
 
     # --- lifecycle -------------------------------------------------------------------------------------------
 
@@ -269,6 +254,52 @@ class Telemetry:
 
 # Kinds of operation (attribute sets) whose series are kept resolved; the SDK's own cardinality limit is 2000
 _MAX_SERIES_KINDS = 4096
+
+
+class _Shared:
+    """What every Telemetry on one meter shares (instrument(), uninstrument(), instrument() again). The SDK hands back
+    the instrument already made under a name and drops the callbacks that came with the new one, so the rate-limit
+    gauges, the latest values they observe and the batch their callbacks flush are made once per meter; histogram
+    handles too, so that one attribute set keeps one handle and its values stay in the order they were recorded."""
+
+    def __init__(self, meter: Meter, names: sc.MetricNames) -> None:
+        # histogram values wait here until a reader collects: the gauges' callbacks flush it first
+        self.batch = Batch()
+        self._histograms: dict[str, Histogram] = {}
+        # rate-limit headroom changes on every response but is read once per export: keep the latest values
+        # here (a dict store per operation) and let the SDK observe them when it collects. Latest by the time the
+        # response arrived, not the time its operation finished: a long stream must not overwrite newer 429s.
+        self.remaining: dict[frozenset[tuple[str, Any]], tuple[float, int]] = {}
+        self.limits: dict[frozenset[tuple[str, Any]], tuple[float, int]] = {}
+        for instrument, latest in ((names.rate_limit_remaining, self.remaining),
+                                   (names.rate_limit_limit, self.limits)):
+            meter.create_observable_gauge(instrument.name, callbacks=[self.batch.flushing(_observe_latest(latest))],
+                                          unit=instrument.unit, description=instrument.description)
+
+    def histogram(self, meter: Meter, instrument: sc.Instrument | None) -> Histogram | None:
+        """The meter's histogram of that name (the meter is not kept: it is this object's key in _SHARED)."""
+        if instrument is None:
+            return None
+        found = self._histograms.get(instrument.name)
+        if found is None:
+            found = self._histograms[instrument.name] = Histogram(meter.create_histogram(
+                instrument.name, unit=instrument.unit, description=instrument.description,
+                explicit_bucket_boundaries_advisory=list(instrument.buckets),
+            ), self.batch)
+        return found
+
+
+_SHARED: weakref.WeakKeyDictionary[Any, _Shared] = weakref.WeakKeyDictionary()
+
+
+def _shared(meter: Meter, names: sc.MetricNames) -> _Shared:
+    try:
+        found = _SHARED.get(meter)
+    except TypeError:  # a meter that cannot be weakly referenced (another SDK's): its own, as before
+        return _Shared(meter, names)
+    if found is None:
+        found = _SHARED[meter] = _Shared(meter, names)
+    return found
 
 
 @dataclass(slots=True)

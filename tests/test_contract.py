@@ -19,6 +19,7 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
 from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -214,6 +215,27 @@ def test_instrument_twice_is_a_no_op_and_uninstrument_restores_exactly(instrumen
         assert not isinstance(vars(owner).get(method), wrapt.FunctionWrapper), target
     client.chat.completions.create(model="m", messages=MESSAGES)
     assert len(captured.spans()) == 1
+
+
+def test_instrument_again_on_the_same_providers_exports_every_value() -> None:
+    """The SDK hands back instruments already made under a name and drops the callbacks of the new ones: what the
+    second instrument() records must still reach the reader, rate-limit headroom included."""
+    reader = InMemoryMetricReader()
+    captured = Captured(InMemorySpanExporter(), reader, TracerProvider())
+    meter_provider = MeterProvider(metric_readers=[reader])
+    headers = [wire.openai_ratelimit_headers(500, left, 9000, 900) for left in (100, 40)]
+    try:
+        for left_headers in headers:
+            otel_llm.instrument(tracer_provider=captured.tracer_provider, meter_provider=meter_provider)
+            client, _ = sync_client([wire.Reply.json(wire.chat_completion_body("pq"), headers=left_headers)] * 3)
+            for _ in range(3):
+                client.chat.completions.create(model="m", messages=MESSAGES)
+            otel_llm.uninstrument()
+        assert captured.point(sc.STABLE_NAMES.duration.name).count == 6
+        assert captured.point(sc.STABLE_NAMES.rate_limit_remaining.name,
+                              otel_llm__rate_limit__resource="requests").value == 40
+    finally:
+        otel_llm.uninstrument()
 
 
 def test_clients_are_patched_when_the_application_imports_them() -> None:
