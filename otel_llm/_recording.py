@@ -13,18 +13,19 @@ the public API. tests/test_recording.py checks that both paths give identical po
 
 Under the SDK's default exemplar filter and reservoir, direct values do not even go in at once: they wait in a
 ``Batch`` (a list append under one lock) until a reader collects, then go in together, a series at a time. A reader
-calls every observable instrument's callbacks before it reads its aggregations; ``Batch.flushing`` wraps one of
-ours. Of the exemplars offered meanwhile a series keeps the last per bucket, the one the SDK's bucket-aligned
-reservoir would keep. A batch holds at most ``LIMIT`` values: the record that fills it adds them all. One flush
-runs at a time, so a collection also waits for values another thread is adding. Known gap: a meter disabled at
-run time (the SDK's experimental meter configurator) calls no callbacks, so what waited then goes in only when a
-series of it records again, or the meter is enabled again.
+calls every observable instrument's callbacks before it reads its aggregations; ``flushing`` wraps ours. Of the
+exemplars offered meanwhile a series keeps the last per bucket, the one the SDK's bucket-aligned reservoir would
+keep. A batch holds at most ``LIMIT`` values: the record that fills it adds them all. One flush runs at a time, so a
+collection also waits for values another thread is adding. Known gap: a meter disabled at run time (the SDK's
+experimental meter configurator) calls no callbacks, so what waited then goes in only when a series of it records
+again, when another meter's reader collects, or when the meter is enabled again.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -69,6 +70,7 @@ class Batch:
     LIMIT = 4096
 
     def __init__(self) -> None:
+        _BATCHES.add(self)
         self._lock = threading.Lock()  # what waits: held for list operations only
         # one flush at a time, held while it adds: a reader collecting while another thread adds a full batch waits
         # for those values, and values go in in the order they were taken
@@ -102,17 +104,26 @@ class Batch:
             for series, values, offers in taken:
                 series._add_batch(values, offers)
 
-    def flushing(self, callback: Callable[[CallbackOptions], Iterable[Observation]]) -> Callable[
-            [CallbackOptions], Iterable[Observation]]:
-        """``callback`` for an observable instrument of the meter the batch's histograms belong to, flushing first."""
-        def observe(options: CallbackOptions) -> Iterable[Observation]:
-            try:
-                self.flush()
-            except Exception:
-                report_failure("adding histogram values")
-            return callback(options)
 
-        return observe
+# Every live batch: a collection flushes them all. The SDK hands back an instrument already made under a name and
+# drops the callbacks that came with the new one, so the callback that runs may be another batch's (an earlier
+# instrument() on the same meter, or a proxy meter's gauges forwarded to it); values of another meter provider just
+# go in before its own reader collects.
+_BATCHES: weakref.WeakSet[Batch] = weakref.WeakSet()
+
+
+def flushing(callback: Callable[[CallbackOptions], Iterable[Observation]]) -> Callable[
+        [CallbackOptions], Iterable[Observation]]:
+    """``callback`` for one of our observable instruments, flushing every batch first."""
+    def observe(options: CallbackOptions) -> Iterable[Observation]:
+        try:
+            for batch in list(_BATCHES):
+                batch.flush()
+        except Exception:
+            report_failure("adding histogram values")
+        return callback(options)
+
+    return observe
 
 
 class Histogram:
@@ -129,13 +140,14 @@ class Histogram:
         self._series: dict[frozenset[tuple[str, Any]], Series] = {}
 
     def series(self, attributes: Mapping[str, Any]) -> Series:
-        """The one handle of an attribute set: values of one SDK aggregation wait in one list, in record order."""
+        """The one handle of an attribute set, so that values of one SDK aggregation wait in one list, in the order
+        they were recorded. Past ``MAX_SERIES`` sets (unbounded attribute values) a handle is not kept, and never
+        puts values in the batch: two of one set may then exist, and must add what they get at once."""
         key = frozenset(attributes.items())
         found = self._series.get(key)
         if found is None:
-            if len(self._series) >= self.MAX_SERIES:  # unbounded attribute values: start over rather than grow,
-                self._batch.flush()  # once what waits is in (a new handle must not overtake an old one's values)
-                self._series.clear()
+            if len(self._series) >= self.MAX_SERIES:
+                return Series(self, dict(attributes), batched=False)
             found = self._series.setdefault(key, Series(self, dict(attributes)))  # one, if two threads race
         return found
 
@@ -145,10 +157,10 @@ class Histogram:
 
 
 class Series:
-    __slots__ = ("_aggregations", "_batched", "_boundaries", "_context_only", "_filter", "_owner", "_pending",
-                 "_pending_offers", "_reservoirs", "_storages", "attributes")
+    __slots__ = ("_aggregations", "_batched", "_boundaries", "_context_only", "_filter", "_may_batch", "_owner",
+                 "_pending", "_pending_offers", "_reservoirs", "_storages", "attributes")
 
-    def __init__(self, owner: Histogram, attributes: dict[str, Any]) -> None:
+    def __init__(self, owner: Histogram, attributes: dict[str, Any], *, batched: bool = True) -> None:
         self._owner = owner
         self.attributes = attributes
         self._aggregations: tuple[Any, ...] = ()  # empty: the public API, then look again
@@ -157,7 +169,9 @@ class Series:
         self._context_only = True  # the filter samples only values recorded with a sampled span
         # the aggregations' exemplar reservoirs when they are the SDK's own bucket-aligned ones (offered to directly)
         self._reservoirs: tuple[Any, ...] | None = None
-        # values go through the batch: a context-only filter, and aligned reservoirs that share their boundaries
+        # values go through the batch: a handle that may, a context-only filter, and aligned reservoirs that share
+        # their boundaries
+        self._may_batch = batched
         self._batched = False
         self._boundaries: Sequence[float] = ()
         # in the batch, under its lock: values in order, and the last exemplar offered per bucket
@@ -319,7 +333,7 @@ class Series:
             self._reservoirs = reservoirs if aligned else None
             self._filter = consumer._sdk_config.exemplar_filter
             self._context_only = isinstance(self._filter, _CONTEXT_ONLY_FILTERS)
-            self._batched = aligned and self._context_only \
+            self._batched = self._may_batch and aligned and self._context_only \
                 and len({tuple(reservoir._boundaries) for reservoir in reservoirs}) == 1
             self._boundaries = reservoirs[0]._boundaries if self._batched else ()
         except Exception:

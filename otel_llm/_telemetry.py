@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import Meter as SdkMeter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from otel_llm import _semconv as sc
 from otel_llm._operation import Operation, Request
-from otel_llm._recording import _NO_EXEMPLAR, Batch, Histogram, Series
+from otel_llm._recording import _NO_EXEMPLAR, Batch, Histogram, Series, flushing
 from otel_llm._safety import report_failure
 from otel_llm._spans import set_attributes
 
@@ -273,7 +274,7 @@ class _Shared:
         self.limits: dict[frozenset[tuple[str, Any]], tuple[float, int]] = {}
         for instrument, latest in ((names.rate_limit_remaining, self.remaining),
                                    (names.rate_limit_limit, self.limits)):
-            meter.create_observable_gauge(instrument.name, callbacks=[self.batch.flushing(_observe_latest(latest))],
+            meter.create_observable_gauge(instrument.name, callbacks=[flushing(_observe_latest(latest))],
                                           unit=instrument.unit, description=instrument.description)
 
     def histogram(self, meter: Meter, instrument: sc.Instrument | None) -> Histogram | None:
@@ -293,10 +294,9 @@ _SHARED: weakref.WeakKeyDictionary[Any, _Shared] = weakref.WeakKeyDictionary()
 
 
 def _shared(meter: Meter, names: sc.MetricNames) -> _Shared:
-    try:
-        found = _SHARED.get(meter)
-    except TypeError:  # a meter that cannot be weakly referenced (another SDK's): its own, as before
-        return _Shared(meter, names)
+    if not isinstance(meter, SdkMeter):  # the API's proxy meter (a new one per get_meter, all kept by its
+        return _Shared(meter, names)  # provider) or another SDK's: its own, as before
+    found = _SHARED.get(meter)
     if found is None:
         found = _SHARED[meter] = _Shared(meter, names)
     return found

@@ -8,6 +8,7 @@ import logging
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import openai
 import pytest
@@ -236,6 +237,43 @@ def test_instrument_again_on_the_same_providers_exports_every_value() -> None:
                               otel_llm__rate_limit__resource="requests").value == 40
     finally:
         otel_llm.uninstrument()
+
+
+def test_values_recorded_after_a_proxy_meter_provider_round_reach_the_reader() -> None:
+    """instrument() given the API's proxy provider, the application sets the real one, then instrument() again on
+    it: the SDK keeps the gauges the proxy forwarded and drops ours, and still every value is exported."""
+    program = textwrap.dedent("""
+        import openai, wire
+        from opentelemetry import metrics
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        from opentelemetry.sdk.trace import TracerProvider
+        import otel_llm
+
+        def calls(count):
+            http, _ = wire.mock_client([wire.Reply.json(wire.chat_completion_body("pq"))] * count)
+            client = openai.OpenAI(api_key="k", http_client=http, max_retries=0)
+            for _ in range(count):
+                client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+
+        tracer_provider = TracerProvider()
+        otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=metrics.get_meter_provider())
+        reader = InMemoryMetricReader()
+        real = MeterProvider(metric_readers=[reader])
+        metrics.set_meter_provider(real)
+        calls(3)
+        otel_llm.uninstrument()
+        otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=real)
+        calls(5)
+        data = reader.get_metrics_data()
+        print(sum(point.count for resource in data.resource_metrics for scope in resource.scope_metrics
+                  for metric in scope.metrics if metric.name == "gen_ai.client.operation.duration"
+                  for point in metric.data.data_points))
+    """)
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,
+                            cwd=Path(__file__).parent)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["8"]
 
 
 def test_clients_are_patched_when_the_application_imports_them() -> None:

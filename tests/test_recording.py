@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from otel_llm import _recording
 from otel_llm import _semconv as sc
-from otel_llm._recording import _NO_EXEMPLAR, Batch, Histogram
+from otel_llm._recording import _NO_EXEMPLAR, Batch, Histogram, flushing
 
 ATTRIBUTES = [{sc.REQUEST_MODEL: model, sc.SERVER_PORT: 443} for model in ("a", "b")]
 TIME = 1_700_000_000_000_000_000
@@ -54,7 +54,7 @@ def sdk_histogram(reader: InMemoryMetricReader, **provider: Any) -> Any:
 def direct_histogram(meter: Any, batch: Batch | None = None) -> Histogram:
     """Ours, as Telemetry makes it: its batch flushed by a callback of an observable instrument on the same meter."""
     batch = Batch() if batch is None else batch
-    meter.create_observable_gauge("g", callbacks=[batch.flushing(lambda options: [])])
+    meter.create_observable_gauge("g", callbacks=[flushing(lambda options: [])])
     return Histogram(meter.create_histogram("h", unit="s", explicit_bucket_boundaries_advisory=list(sc.CHUNK_BUCKETS)),
                      batch)
 
@@ -323,6 +323,24 @@ def test_one_attribute_set_has_one_handle_whoever_asks() -> None:
     for index, (value, _) in enumerate(values):
         (first if index % 2 else second).record(value, TIME, span_context())
     assert [point[:6] for point in points(direct)] == [point[:6] for point in points(public)]
+
+
+def test_past_the_kept_attribute_sets_handles_add_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Handles not kept may be two for one set: neither waits in the batch, so values still go in in order."""
+    monkeypatch.setattr(Histogram, "MAX_SERIES", 1)
+    public, direct = InMemoryMetricReader(), InMemoryMetricReader()
+    histogram = our_histogram(direct)
+    kept = histogram.series(ATTRIBUTES[0])
+    first, second = histogram.series(ATTRIBUTES[1]), histogram.series(ATTRIBUTES[1])
+    assert histogram.series(ATTRIBUTES[0]) is kept and first is not second
+    values = [(0.1 + 0.001 * i, i % 2) for i in range(1, 40)]
+    context = span_context()
+    record_public(sdk_histogram(public), values, context)
+    for index, (value, series) in enumerate(values):
+        handle = kept if series == 0 else first if index % 4 == 1 else second
+        handle.record(value, TIME, context)
+    assert kept._batched and not first._batched and not second._batched
+    assert points(direct) == points(public)
 
 
 def test_a_collection_waits_for_a_full_batch_another_thread_is_adding(monkeypatch: pytest.MonkeyPatch) -> None:
