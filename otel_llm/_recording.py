@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import weakref
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -70,11 +69,12 @@ class Batch:
     LIMIT = 4096
 
     def __init__(self) -> None:
-        _BATCHES.add(self)
-        self._lock = threading.Lock()  # what waits: held for list operations only
+        # Reentrant, both: a garbage collection while we hold one may run the finalizer of an abandoned stream,
+        # which finishes its operation and records, on this very thread.
+        self._lock = threading.RLock()  # what waits: held for list operations only
         # one flush at a time, held while it adds: a reader collecting while another thread adds a full batch waits
         # for those values, and values go in in the order they were taken
-        self._flush_lock = threading.Lock()
+        self._flush_lock = threading.RLock()
         self._waiting: list[Series] = []  # the series with values in
         self._count = 0
 
@@ -83,6 +83,9 @@ class Batch:
 
     def put(self, series: Series, values: Sequence[float], offer: tuple[float, int, Context] | None) -> None:
         with self._lock:
+            if not self._waiting:
+                with _WAITING_LOCK:
+                    _WAITING.add(self)
             if not series._pending:
                 self._waiting.append(series)
             series._pending += values
@@ -103,24 +106,31 @@ class Batch:
                     series._pending, series._pending_offers = [], {}
             for series, values, offers in taken:
                 series._add_batch(values, offers)
+            with self._lock:
+                if not self._waiting:  # let go once in: until then a collection must find it, and wait for it
+                    with _WAITING_LOCK:
+                        _WAITING.discard(self)
 
 
-# Every live batch: a collection flushes them all. The SDK hands back an instrument already made under a name and
-# drops the callbacks that came with the new one, so the callback that runs may be another batch's (an earlier
-# instrument() on the same meter, or a proxy meter's gauges forwarded to it); values of another meter provider just
-# go in before its own reader collects.
-_BATCHES: weakref.WeakSet[Batch] = weakref.WeakSet()
+# The batches with values waiting, held strongly until they are in: a collection flushes them all. The SDK hands
+# back an instrument already made under a name and drops the callbacks that came with the new one, so the callback
+# that runs may be another batch's (an earlier instrument() on the same meter, or a proxy meter's gauges forwarded
+# to it); values of another meter provider just go in before its own reader collects.
+_WAITING: set[Batch] = set()
+_WAITING_LOCK = threading.RLock()  # taken inside a batch's lock, never the other way round; reentrant as they are
 
 
 def flushing(callback: Callable[[CallbackOptions], Iterable[Observation]]) -> Callable[
         [CallbackOptions], Iterable[Observation]]:
     """``callback`` for one of our observable instruments, flushing every batch first."""
     def observe(options: CallbackOptions) -> Iterable[Observation]:
-        try:
-            for batch in list(_BATCHES):
+        with _WAITING_LOCK:
+            batches = list(_WAITING)
+        for batch in batches:
+            try:
                 batch.flush()
-        except Exception:
-            report_failure("adding histogram values")
+            except Exception:
+                report_failure("adding histogram values")
         return callback(options)
 
     return observe

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import random
 import sys
 import threading
@@ -369,3 +370,39 @@ def test_a_collection_waits_for_a_full_batch_another_thread_is_adding(monkeypatc
     exported = {point[0][sc.REQUEST_MODEL]: point[1] for point in points(reader)}
     filling.join()
     assert exported == {"a": 2, "b": 2 + Batch.LIMIT}
+
+
+def test_values_waiting_outlive_everything_but_the_reader() -> None:
+    """A batch is held while values wait in it, even once its meter, its histograms and its handles are gone."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    series = direct_histogram(provider.get_meter("t")).series(ATTRIBUTES[0])
+    for _ in range(3):
+        series.record(0.01, TIME)
+    del series, provider
+    gc.collect()
+    assert points(reader)[0][1] == 3
+
+
+def test_a_finalizer_that_records_while_its_thread_holds_the_batch_does_not_hang() -> None:
+    """A garbage collection at an allocation under the batch's lock may run an abandoned stream's finalizer, which
+    records on the same thread into the same batch."""
+    reader = InMemoryMetricReader()
+    histogram = direct_histogram(MeterProvider(metric_readers=[reader]).get_meter("t"))
+    series, other = histogram.series(ATTRIBUTES[0]), histogram.series(ATTRIBUTES[1])
+    for handle in (series, other):
+        handle.record(0.01, TIME)  # the public API: now both wait in the batch
+
+    class Collecting(list[float]):
+        """A list whose extension, under the batch's lock, runs a finalizer that records."""
+
+        def __iadd__(self, values: Any) -> Any:
+            other.record(0.02, TIME)
+            return super().__iadd__(values)
+
+    series._pending = Collecting()
+    recording = threading.Thread(target=series.record, args=(0.03, TIME), daemon=True)
+    recording.start()
+    recording.join(5)
+    assert not recording.is_alive()
+    assert [point[1] for point in points(reader)] == [2, 2]
