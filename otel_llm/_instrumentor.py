@@ -36,6 +36,9 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         # BaseInstrumentor is a singleton whose __init__ runs on every construction: keep the patches we hold
         if not hasattr(self, "_patches"):
             self._patches = Patches()
+            # what import hooks patch with; None once uninstrumented (hooks of clients never imported stay
+            # registered, and must not keep a Telemetry, its meter's state and providers alive)
+            self._telemetry: Telemetry | None = None
             # bumped by uninstrument(): import hooks registered before it then do nothing
             self._generation = 0
 
@@ -57,12 +60,13 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             settings,
             logger,
         )
+        self._telemetry = telemetry
         # A client is patched when the application imports it (at once if it already has): instrument() does not
         # import clients the application never uses (botocore and anthropic alone take ~1 s).
         for adapter, package in ADAPTERS.items():
             if importlib.util.find_spec(package) is None:
                 continue
-            patch = self._when_imported(adapter, package, telemetry)
+            patch = self._when_imported(adapter, package)
             wrapt.register_post_import_hook(patch, package)
             if package not in sys.modules and _being_imported(package):
                 # another thread is importing it, past the point where it would have seen the hook: wait for that
@@ -70,12 +74,13 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 with contextlib.suppress(ImportError):
                     patch(importlib.import_module(package))
 
-    def _when_imported(self, adapter: str, package: str, telemetry: Telemetry) -> Callable[[ModuleType], None]:
+    def _when_imported(self, adapter: str, package: str) -> Callable[[ModuleType], None]:
         generation = self._generation
         once = threading.Lock()
 
         def patch(_: ModuleType) -> None:
-            if self._generation != generation or not once.acquire(blocking=False):
+            telemetry = self._telemetry
+            if self._generation != generation or telemetry is None or not once.acquire(blocking=False):
                 return  # uninstrumented since, or patched already
             try:
                 module = importlib.import_module(f"otel_llm.providers.{adapter}")
@@ -87,6 +92,7 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
     def _uninstrument(self, **kwargs: Any) -> None:
         self._generation += 1
+        self._telemetry = None
         self._patches.remove()
 
 

@@ -276,6 +276,28 @@ def test_values_recorded_after_a_proxy_meter_provider_round_reach_the_reader() -
     assert result.stdout.split() == ["8"]
 
 
+def test_uninstrument_lets_go_of_its_telemetry_with_clients_never_imported() -> None:
+    """Import hooks of clients the application never imported stay registered after uninstrument(); they must not
+    keep the telemetry (and through it the providers) alive."""
+    program = textwrap.dedent("""
+        import gc, sys
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.trace import TracerProvider
+        import otel_llm
+        from otel_llm._telemetry import Telemetry
+        for _ in range(3):
+            otel_llm.instrument(tracer_provider=TracerProvider(),
+                                meter_provider=MeterProvider(shutdown_on_exit=False))
+            otel_llm.uninstrument()
+        gc.collect()
+        print(sorted(name for name in ("openai", "anthropic", "botocore") if name in sys.modules),
+              sum(isinstance(thing, Telemetry) for thing in gc.get_objects()))
+    """)
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["[]", "0"]
+
+
 def test_clients_are_patched_when_the_application_imports_them() -> None:
     """instrument() imports no client itself: one the application never imports costs it nothing."""
     program = textwrap.dedent("""
