@@ -82,10 +82,10 @@ class Batch:
         return self._count
 
     def put(self, series: Series, values: Sequence[float], offer: tuple[float, int, Context] | None) -> None:
+        # Nothing under the lock here allocates an object the garbage collector tracks, so no finalizer runs in
+        # here; one may run in flush() (which allocates), and its record re-enters this lock on the same thread.
         with self._lock:
-            if not self._waiting:
-                with _WAITING_LOCK:
-                    _WAITING.add(self)
+            _WAITING.add(self)
             if not series._pending:
                 self._waiting.append(series)
             series._pending += values
@@ -106,27 +106,25 @@ class Batch:
                     series._pending, series._pending_offers = [], {}
             for series, values, offers in taken:
                 series._add_batch(values, offers)
-            with self._lock:
-                if not self._waiting:  # let go once in: until then a collection must find it, and wait for it
-                    with _WAITING_LOCK:
-                        _WAITING.discard(self)
+            with self._lock:  # let go once in: until then a collection must find it, and wait for it
+                _WAITING.discard(self)
+                if self._waiting:  # taken since (by a finalizer's record on this thread: put() adds it back too)
+                    _WAITING.add(self)
 
 
 # The batches with values waiting, held strongly until they are in: a collection flushes them all. The SDK hands
 # back an instrument already made under a name and drops the callbacks that came with the new one, so the callback
 # that runs may be another batch's (an earlier instrument() on the same meter, or a proxy meter's gauges forwarded
-# to it); values of another meter provider just go in before its own reader collects.
+# to it); values of another meter provider just go in before its own reader collects. Changed under a batch's lock,
+# read whole: each set operation is atomic, and a lock of its own would be one more to take in opposite orders.
 _WAITING: set[Batch] = set()
-_WAITING_LOCK = threading.RLock()  # taken inside a batch's lock, never the other way round; reentrant as they are
 
 
 def flushing(callback: Callable[[CallbackOptions], Iterable[Observation]]) -> Callable[
         [CallbackOptions], Iterable[Observation]]:
     """``callback`` for one of our observable instruments, flushing every batch first."""
     def observe(options: CallbackOptions) -> Iterable[Observation]:
-        with _WAITING_LOCK:
-            batches = list(_WAITING)
-        for batch in batches:
+        for batch in _WAITING.copy():
             try:
                 batch.flush()
             except Exception:
@@ -370,12 +368,13 @@ def _add_all(aggregation: Any, values: Sequence[float]) -> None:
     """_add() for each value, in C loops: the bucket of each value counted, the sum added value by value in order
     (the same float sum as one record() each)."""
     boundaries = aggregation._boundaries
-    buckets = Counter(map(bisect_left, repeat(boundaries, len(values)), values))
+    # made before the SDK's lock is taken: an allocation under it may run a finalizer that records into it
+    buckets = list(Counter(map(bisect_left, repeat(boundaries, len(values)), values)).items())
     with aggregation._lock:
         counts = aggregation._value
         if counts is None:
             counts = aggregation._value = aggregation._get_empty_bucket_counts()
-        for index, count in buckets.items():
+        for index, count in buckets:
             counts[index] += count
         aggregation._sum = reduce(add, values, aggregation._sum)
         if aggregation._record_min_max:

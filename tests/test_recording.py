@@ -406,3 +406,25 @@ def test_a_finalizer_that_records_while_its_thread_holds_the_batch_does_not_hang
     recording.join(5)
     assert not recording.is_alive()
     assert [point[1] for point in points(reader)] == [2, 2]
+
+
+def test_a_value_recorded_as_a_flush_lets_go_of_its_batch_is_still_collected(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A finalizer's record on the flushing thread, just as the flush takes its batch off the waiting set, puts
+    the batch back."""
+    reader = InMemoryMetricReader()
+    batch = Batch()
+    series = direct_histogram(MeterProvider(metric_readers=[reader]).get_meter("t"), batch).series(ATTRIBUTES[0])
+    series.record(0.01, TIME)
+    series.record(0.01, TIME)
+    recorded = []
+
+    class Finalizing(set[Batch]):
+        def discard(self, item: Batch) -> None:
+            if not recorded:
+                recorded.append(True)
+                series.record(0.02, TIME)
+            super().discard(item)
+
+    monkeypatch.setattr(_recording, "_WAITING", Finalizing(_recording._WAITING))
+    batch.flush()
+    assert recorded and points(reader)[0][1] == 3
