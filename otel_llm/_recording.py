@@ -24,7 +24,9 @@ again, when another meter's reader collects, or when the meter is enabled again.
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import weakref
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -63,12 +65,33 @@ except ImportError:  # another SDK, or a release that moved them: the public API
     _INTERNALS = False
 
 
+_thread = threading.local()
+
+
+def in_finalizer() -> bool:
+    return getattr(_thread, "finalizing", False)
+
+
+def recording_in_finalizer(record: Callable[[], None]) -> None:
+    """Run ``record``, a garbage collector's finalizer recording, without flushing any batch from it. The collector
+    runs finalizers at any allocation, also where this thread holds a lock of the SDK's (an aggregation's, under
+    its collect or under our own adding); a flush there would wait for that lock. Values it puts wait for the next
+    record or collection, a batch going past LIMIT meanwhile."""
+    previous = in_finalizer()
+    _thread.finalizing = True
+    try:
+        record()
+    finally:
+        _thread.finalizing = previous
+
+
 class Batch:
     """Values of direct series waiting for the next collection (see the module's docstring)."""
 
     LIMIT = 4096
 
     def __init__(self) -> None:
+        _BATCHES.add(self)
         # Reentrant, both: a garbage collection while we hold one may run the finalizer of an abandoned stream,
         # which finishes its operation and records, on this very thread.
         self._lock = threading.RLock()  # what waits: held for list operations only
@@ -93,7 +116,7 @@ class Batch:
                 series._pending_offers[bisect_left(series._boundaries, offer[0])] = offer
             self._count += len(values)
             full = self._count >= self.LIMIT
-        if full:
+        if full and not in_finalizer():
             self.flush()
 
     def flush(self) -> None:
@@ -118,6 +141,18 @@ class Batch:
 # to it); values of another meter provider just go in before its own reader collects. Changed under a batch's lock,
 # read whole: each set operation is atomic, and a lock of its own would be one more to take in opposite orders.
 _WAITING: set[Batch] = set()
+_BATCHES: weakref.WeakSet[Batch] = weakref.WeakSet()  # every batch, for a child process to renew their locks
+
+
+def _renew_locks() -> None:
+    """In a child process: a lock another thread of the parent held at the fork would stay held for good."""
+    for batch in list(_BATCHES):
+        batch._lock._at_fork_reinit()  # type: ignore[attr-defined]
+        batch._flush_lock._at_fork_reinit()  # type: ignore[attr-defined]
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_renew_locks)
 
 
 def flushing(callback: Callable[[CallbackOptions], Iterable[Observation]]) -> Callable[
@@ -277,7 +312,7 @@ class Series:
             if consumer is not None and consumer._reader_storages is self._storages \
                     and self._owner._histogram._is_enabled():
                 return aggregations
-            if self._pending:  # what waits belongs to these aggregations
+            if self._pending and not in_finalizer():  # what waits belongs to these aggregations
                 self._owner._batch.flush()
             self._aggregations = ()  # readers changed, the path is off, or the meter is disabled: look again
         return ()
@@ -333,17 +368,21 @@ class Series:
                     if type(aggregation) is not _ExplicitBucketHistogramAggregation:
                         return
                     found.append(aggregation)
-            self._aggregations, self._storages = tuple(found), storages
             reservoirs: tuple[Any, ...] = tuple(aggregation._reservoir for aggregation in found)
             aligned = all(type(reservoir) is AlignedHistogramBucketExemplarReservoir
                           and tuple(reservoir._boundaries) == tuple(aggregation._boundaries)
                           for reservoir, aggregation in zip(reservoirs, found, strict=True))
-            self._reservoirs = reservoirs if aligned else None
-            self._filter = consumer._sdk_config.exemplar_filter
-            self._context_only = isinstance(self._filter, _CONTEXT_ONLY_FILTERS)
-            self._batched = self._may_batch and aligned and self._context_only \
+            exemplar_filter = consumer._sdk_config.exemplar_filter
+            context_only = isinstance(exemplar_filter, _CONTEXT_ONLY_FILTERS)
+            batched = self._may_batch and aligned and context_only \
                 and len({tuple(reservoir._boundaries) for reservoir in reservoirs}) == 1
-            self._boundaries = reservoirs[0]._boundaries if self._batched else ()
+            # published with the aggregations last: another thread recording meanwhile sees them all or none
+            self._reservoirs = reservoirs if aligned else None
+            self._filter, self._context_only = exemplar_filter, context_only
+            self._boundaries = reservoirs[0]._boundaries if batched else ()
+            self._batched = batched
+            self._storages = storages
+            self._aggregations = tuple(found)
         except Exception:
             _log.debug("otel_llm: SDK internals not as expected; histograms use the public API", exc_info=True)
             self._owner._consumer = None
@@ -368,15 +407,17 @@ def _add_all(aggregation: Any, values: Sequence[float]) -> None:
     """_add() for each value, in C loops: the bucket of each value counted, the sum added value by value in order
     (the same float sum as one record() each)."""
     boundaries = aggregation._boundaries
-    # made before the SDK's lock is taken: an allocation under it may run a finalizer that records into it
-    buckets = list(Counter(map(bisect_left, repeat(boundaries, len(values)), values)).items())
+    # all made before the SDK's lock is taken: an allocation under it may run a finalizer that records into it
+    buckets = iter(list(Counter(map(bisect_left, repeat(boundaries, len(values)), values)).items()))
+    low, high = min(values), max(values)
+    empty = aggregation._get_empty_bucket_counts() if aggregation._value is None else None
     with aggregation._lock:
         counts = aggregation._value
-        if counts is None:
-            counts = aggregation._value = aggregation._get_empty_bucket_counts()
+        if counts is None:  # a collection may have taken them since we looked
+            counts = aggregation._value = empty if empty is not None else aggregation._get_empty_bucket_counts()
         for index, count in buckets:
             counts[index] += count
         aggregation._sum = reduce(add, values, aggregation._sum)
         if aggregation._record_min_max:
-            aggregation._min = min(aggregation._min, min(values))
-            aggregation._max = max(aggregation._max, max(values))
+            aggregation._min = min(aggregation._min, low)
+            aggregation._max = max(aggregation._max, high)

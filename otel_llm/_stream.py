@@ -137,9 +137,8 @@ class _StreamLifecycle(wrapt.ObjectProxy[Any]):
     def __del__(self) -> None:
         try:
             op = self._self_op
-            if not op.finished:
-                # nobody closed it: end where activity was last seen, not at collection time
-                self._self_telemetry.finish(op, sc.ERROR_ABANDONED, end_ns=op.last_activity())
+            if not op.finished:  # nobody closed it
+                self._self_telemetry.abandon(op)
         except Exception:
             report_failure("stream finalizer")
 
@@ -237,7 +236,7 @@ class _ResponseLifecycle(wrapt.ObjectProxy[Any]):
         try:
             op = self._self_op
             if not op.finished and self._self_parsed is None:
-                self._self_telemetry.finish(op, sc.ERROR_ABANDONED, end_ns=op.last_activity())
+                self._self_telemetry.abandon(op)
         except Exception:
             report_failure("response finalizer")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import sys
 import time
 import weakref
 from array import array
@@ -22,7 +23,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from otel_llm import _semconv as sc
 from otel_llm._operation import Operation, Request
-from otel_llm._recording import _NO_EXEMPLAR, Batch, Histogram, Series, flushing
+from otel_llm._recording import _NO_EXEMPLAR, Batch, Histogram, Series, flushing, recording_in_finalizer
 from otel_llm._safety import report_failure
 from otel_llm._spans import set_attributes
 
@@ -111,6 +112,14 @@ class Telemetry:
                 self._emit_event(op, self._logger)
         except Exception:
             report_failure("finish")
+
+    def abandon(self, op: Operation) -> None:
+        """End, from a garbage collector's finalizer, an operation nobody finished: where activity was last seen,
+        not at collection time. Not while the interpreter shuts down: the providers have been shut down, and
+        threads frozen wherever they were may hold our locks."""
+        if sys.is_finalizing():
+            return
+        recording_in_finalizer(lambda: self.finish(op, sc.ERROR_ABANDONED, end_ns=op.last_activity()))
 
     # --- writing ---------------------------------------------------------------------------------------------
 

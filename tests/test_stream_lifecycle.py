@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 
 import openai
 import pytest
@@ -113,6 +114,18 @@ def test_abandoned_stream_finishes_when_collected(otel: Captured) -> None:
     gc.collect()
     otel.assert_finished(sc.ERROR_ABANDONED)
     otel.assert_ended_at_first_token()
+
+
+def test_a_stream_abandoned_as_the_interpreter_shuts_down_is_left_alone(
+        otel: Captured, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At exit the providers are shut down already, and threads frozen mid-record may hold our locks."""
+    client, _ = sync_client(server())
+    stream = client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    next(stream)
+    monkeypatch.setattr(sys, "is_finalizing", lambda: True)
+    del stream
+    gc.collect()
+    assert otel.spans() == []
 
 
 def test_async_stream_exhausted_and_closed(otel: Captured) -> None:
