@@ -65,26 +65,6 @@ except ImportError:  # another SDK, or a release that moved them: the public API
     _INTERNALS = False
 
 
-_thread = threading.local()
-
-
-def in_finalizer() -> bool:
-    return getattr(_thread, "finalizing", False)
-
-
-def recording_in_finalizer(record: Callable[[], None]) -> None:
-    """Run ``record``, a garbage collector's finalizer recording, without flushing any batch from it. The collector
-    runs finalizers at any allocation, also where this thread holds a lock of the SDK's (an aggregation's, under
-    its collect or under our own adding); a flush there would wait for that lock. Values it puts wait for the next
-    record or collection, a batch going past LIMIT meanwhile."""
-    previous = in_finalizer()
-    _thread.finalizing = True
-    try:
-        record()
-    finally:
-        _thread.finalizing = previous
-
-
 class Batch:
     """Values of direct series waiting for the next collection (see the module's docstring)."""
 
@@ -92,8 +72,8 @@ class Batch:
 
     def __init__(self) -> None:
         _BATCHES.add(self)
-        # Reentrant, both: a garbage collection while we hold one may run the finalizer of an abandoned stream,
-        # which finishes its operation and records, on this very thread.
+        # Reentrant, both: a garbage collection while we hold one may run a finalizer that records on this very
+        # thread (ours write later, see Telemetry.abandon; an application's own may not).
         self._lock = threading.RLock()  # what waits: held for list operations only
         # one flush at a time, held while it adds: a reader collecting while another thread adds a full batch waits
         # for those values, and values go in in the order they were taken
@@ -116,7 +96,7 @@ class Batch:
                 series._pending_offers[bisect_left(series._boundaries, offer[0])] = offer
             self._count += len(values)
             full = self._count >= self.LIMIT
-        if full and not in_finalizer():
+        if full:
             self.flush()
 
     def flush(self) -> None:
@@ -312,7 +292,7 @@ class Series:
             if consumer is not None and consumer._reader_storages is self._storages \
                     and self._owner._histogram._is_enabled():
                 return aggregations
-            if self._pending and not in_finalizer():  # what waits belongs to these aggregations
+            if self._pending:  # what waits belongs to these aggregations
                 self._owner._batch.flush()
             self._aggregations = ()  # readers changed, the path is off, or the meter is disabled: look again
         return ()

@@ -11,6 +11,7 @@ import sys
 import time
 import weakref
 from array import array
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -23,7 +24,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from otel_llm import _semconv as sc
 from otel_llm._operation import Operation, Request
-from otel_llm._recording import _NO_EXEMPLAR, Batch, Histogram, Series, flushing, recording_in_finalizer
+from otel_llm._recording import _NO_EXEMPLAR, Batch, Histogram, Series, flushing
 from otel_llm._safety import report_failure
 from otel_llm._spans import set_attributes
 
@@ -71,6 +72,8 @@ class Telemetry:
     def begin(self, request: Request) -> Operation:
         """Open the span; the clock starts last, just before the caller issues the request. The span starts with
         the attributes semconv marks as relevant to sampling; the rest are set with the outcome at the finish."""
+        if _LATER:
+            write_later()
         attributes = _identity(request)
         name = f"{request.operation} {request.model}" if request.model else request.operation
         start_epoch_ns = time.time_ns()
@@ -104,22 +107,30 @@ class Telemetry:
             error_type = error
         if not op.close(time.perf_counter_ns() if end_ns is None else end_ns, error_type):
             return
+        if isinstance(error, GeneratorExit):  # a coroutine closed, most likely by the garbage collector: later
+            _LATER.append((self, op, None))
+            return
+        if _LATER:
+            write_later()
+        self._write(op, error if isinstance(error, BaseException) else None)
+
+    def abandon(self, op: Operation) -> None:
+        """End an operation nobody finished, from a garbage collector's finalizer: where activity was last seen,
+        not at collection time. The collector runs finalizers at any allocation, also where this thread holds a
+        lock of the SDK's or ours, so the span and points are written later, on a clean stack (the next operation
+        or collection). Not at all while the interpreter shuts down: the providers are shut down by then."""
+        if not sys.is_finalizing() and op.close(op.last_activity(), sc.ERROR_ABANDONED):
+            _LATER.append((self, op, None))
+
+    def _write(self, op: Operation, exception: BaseException | None) -> None:
         try:
             tpot = _time_per_output_token(op)
-            self._end_span(op, error if isinstance(error, BaseException) else None, tpot)
+            self._end_span(op, exception, tpot)
             self._record_metrics(op, tpot)
             if self._logger is not None:
                 self._emit_event(op, self._logger)
         except Exception:
             report_failure("finish")
-
-    def abandon(self, op: Operation) -> None:
-        """End, from a garbage collector's finalizer, an operation nobody finished: where activity was last seen,
-        not at collection time. Not while the interpreter shuts down: the providers have been shut down, and
-        threads frozen wherever they were may hold our locks."""
-        if sys.is_finalizing():
-            return
-        recording_in_finalizer(lambda: self.finish(op, sc.ERROR_ABANDONED, end_ns=op.last_activity()))
 
     # --- writing ---------------------------------------------------------------------------------------------
 
@@ -283,8 +294,9 @@ class _Shared:
         self.limits: dict[frozenset[tuple[str, Any]], tuple[float, int]] = {}
         for instrument, latest in ((names.rate_limit_remaining, self.remaining),
                                    (names.rate_limit_limit, self.limits)):
-            meter.create_observable_gauge(instrument.name, callbacks=[flushing(_observe_latest(latest))],
-                                          unit=instrument.unit, description=instrument.description)
+            callback = _writing_later(flushing(_observe_latest(latest)))
+            meter.create_observable_gauge(instrument.name, callbacks=[callback], unit=instrument.unit,
+                                          description=instrument.description)
 
     def histogram(self, meter: Meter, instrument: sc.Instrument | None) -> Histogram | None:
         """The meter's histogram of that name (the meter is not kept: it is this object's key in _SHARED)."""
@@ -300,6 +312,29 @@ class _Shared:
 
 
 _SHARED: weakref.WeakKeyDictionary[Any, _Shared] = weakref.WeakKeyDictionary()
+
+# Operations ended where nothing may be written (a garbage collector's finalizer), with the exception to report
+_LATER: deque[tuple[Telemetry, Operation, BaseException | None]] = deque()
+
+
+def write_later() -> None:
+    """Write the spans and points of the operations ended where nothing could be."""
+    while _LATER:
+        try:
+            telemetry, op, exception = _LATER.popleft()
+        except IndexError:  # another thread took the last
+            return
+        telemetry._write(op, exception)
+
+
+def _writing_later(callback: Callable[[CallbackOptions], Iterable[Observation]]) -> Callable[
+        [CallbackOptions], Iterable[Observation]]:
+    """``callback``, after the operations waiting to be written are (so that their values are in the batch)."""
+    def observe(options: CallbackOptions) -> Iterable[Observation]:
+        write_later()
+        return callback(options)
+
+    return observe
 
 
 def _shared(meter: Meter, names: sc.MetricNames) -> _Shared:

@@ -80,6 +80,14 @@ class Captured:
         assert duration.count == 1
         assert duration.attributes.get(sc.ERROR_TYPE) == error_type
 
+    def assert_abandoned_at_first_token(self) -> None:
+        """A stream collected unfinished after its first token: nothing is written from the garbage collector's
+        finalizer; the next metric collection writes it, ended where activity was last seen."""
+        assert self.spans() == []
+        self.metrics()
+        self.assert_finished(sc.ERROR_ABANDONED)
+        self.assert_ended_at_first_token()
+
     def assert_ended_at_first_token(self) -> None:
         """An abandoned stream read up to its first token ended where activity was last seen, not at collection."""
         span = self.span()

@@ -28,7 +28,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from otel_llm import _recording
 from otel_llm import _semconv as sc
-from otel_llm._recording import _NO_EXEMPLAR, Batch, Histogram, flushing, recording_in_finalizer
+from otel_llm._recording import _NO_EXEMPLAR, Batch, Histogram, flushing
 
 ATTRIBUTES = [{sc.REQUEST_MODEL: model, sc.SERVER_PORT: 443} for model in ("a", "b")]
 TIME = 1_700_000_000_000_000_000
@@ -430,29 +430,6 @@ def test_a_value_recorded_as_a_flush_lets_go_of_its_batch_is_still_collected(mon
     monkeypatch.setattr(_recording, "_WAITING", Finalizing(_recording._WAITING))
     batch.flush()
     assert recorded and points(reader)[0][1] == 3
-
-
-def test_a_finalizer_filling_the_batch_under_an_sdk_lock_leaves_the_values_for_the_collection() -> None:
-    """The garbage collector may run an abandoned stream's finalizer where this thread holds an aggregation's lock
-    (in the SDK's collect, or in our own adding). Its record must not flush: a flush would wait for that lock."""
-    reader = InMemoryMetricReader()
-    batch = Batch()
-    histogram = direct_histogram(MeterProvider(metric_readers=[reader]).get_meter("t"), batch)
-    held, gaps = histogram.series(ATTRIBUTES[0]), histogram.series(ATTRIBUTES[1])
-    for series in (held, gaps, held):
-        series.record(0.01, TIME)  # the first of each through the public API; held's second waits
-    (aggregation,) = held._aggregations
-
-    def collected_under_the_lock() -> None:
-        with aggregation._lock:
-            recording_in_finalizer(lambda: gaps.record_ns([1_000_000] * Batch.LIMIT, TIME, _NO_EXEMPLAR, -1))
-
-    finalizing = threading.Thread(target=collected_under_the_lock, daemon=True)
-    finalizing.start()
-    finalizing.join(5)
-    assert not finalizing.is_alive()
-    assert len(batch) == Batch.LIMIT + 1  # past LIMIT until the next record or collection
-    assert sorted(point[1] for point in points(reader)) == [2, Batch.LIMIT + 1]
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
