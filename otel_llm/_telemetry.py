@@ -5,6 +5,8 @@ are its ways into the SDK's span and histogram internals, each with the public A
 from __future__ import annotations
 
 import asyncio
+import atexit
+import gc
 import json
 import random
 import sys
@@ -47,6 +49,10 @@ class Telemetry:
         names = settings.metric_names
         shared = _shared(meter, names)
         self._batch = shared.batch
+        # what waits to be written goes out before the providers shut down at exit: atexit runs the last
+        # registered first, and the providers registered theirs when they were made, before this
+        atexit.unregister(write_later)
+        atexit.register(write_later)
 
         def counter(instrument: sc.Instrument | None) -> Any:
             if instrument is None:
@@ -99,7 +105,9 @@ class Telemetry:
         return trace.NonRecordingSpan(op.span.get_span_context())
 
     def finish(self, op: Operation, error: BaseException | str | None = None, end_ns: int | None = None) -> None:
-        """End the operation exactly once: ERROR status and error.type are set before the span ends."""
+        """End the operation exactly once: ERROR status and error.type are set before the span ends. On the garbage
+        collector's stack (a finalizer, a generator or coroutine it closes, a ``with`` exit in one): ended now,
+        written by the next operation or collection, as ``abandon`` does."""
         error_type: str | None
         if isinstance(error, BaseException):
             error_type = sc.ERROR_CANCELLED if isinstance(error, asyncio.CancelledError) else type(error).__name__
@@ -107,8 +115,8 @@ class Telemetry:
             error_type = error
         if not op.close(time.perf_counter_ns() if end_ns is None else end_ns, error_type):
             return
-        if isinstance(error, GeneratorExit):  # a coroutine closed, most likely by the garbage collector: later
-            _LATER.append((self, op, None))
+        if _collecting:
+            _LATER.append((self, op, error if isinstance(error, BaseException) else None))
             return
         if _LATER:
             write_later()
@@ -315,6 +323,17 @@ _SHARED: weakref.WeakKeyDictionary[Any, _Shared] = weakref.WeakKeyDictionary()
 
 # Operations ended where nothing may be written (a garbage collector's finalizer), with the exception to report
 _LATER: deque[tuple[Telemetry, Operation, BaseException | None]] = deque()
+# The garbage collector runs finalizers at any allocation, also where the thread holds a lock of the SDK's or ours:
+# nothing is written while it runs (it runs one collection at a time; another thread seeing this only waits a bit)
+_collecting = False
+
+
+def _note_collection(phase: str, info: dict[str, int]) -> None:
+    global _collecting
+    _collecting = phase == "start"
+
+
+gc.callbacks.append(_note_collection)
 
 
 def write_later() -> None:

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
+import subprocess
 import sys
+import textwrap
 import types
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -173,6 +177,62 @@ def test_a_pending_read_closed_by_the_garbage_collector_is_written_later() -> No
     assert data is not None and any(metric.name == sc.STABLE_NAMES.duration.name
                                     for resource in data.resource_metrics for scope in resource.scope_metrics
                                     for metric in scope.metrics)
+
+
+def test_a_with_block_closed_by_the_garbage_collector_is_written_later(otel: Captured) -> None:
+    """A generator of the caller's reading the stream in a ``with`` block, collected unfinished: the collector
+    closes its frame (GeneratorExit), so the ``with`` exit runs on the collector's stack."""
+    client, _ = sync_client(server())
+    streams = []  # kept: only the caller's generator is garbage, so its with exit is what ends the stream
+
+    def chunks() -> Any:
+        with client.chat.completions.create(model="m", messages=MESSAGES, stream=True) as stream:
+            streams.append(stream)
+            yield from stream
+
+    reading = chunks()
+    next(reading)
+    cycle: list[Any] = [reading]
+    cycle.append(cycle)
+    del reading, cycle
+    gc.collect()
+    assert otel.spans() == []
+    otel.metrics()  # the next collection writes it
+    otel.assert_finished(sc.ERROR_CANCELLED)
+
+
+def test_a_stream_abandoned_before_exit_is_exported_at_exit() -> None:
+    """Nothing collects metrics here (tracing only): the span still goes out before the tracer provider shuts
+    down."""
+    program = textwrap.dedent("""
+        import gc
+        import openai, wire
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+        import otel_llm
+
+        class Printing(SpanExporter):
+            def export(self, spans):
+                for span in spans:
+                    print(span.name, span.attributes.get("error.type"))
+                return SpanExportResult.SUCCESS
+
+        tracer_provider = TracerProvider()
+        tracer_provider.add_span_processor(SimpleSpanProcessor(Printing()))
+        otel_llm.instrument(tracer_provider=tracer_provider)
+        http, _ = wire.mock_client([wire.Reply.stream(wire.chat_stream(["a", "b"]))])
+        client = openai.OpenAI(api_key="k", http_client=http, max_retries=0)
+        stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                                stream=True)
+        next(stream)
+        del stream
+        gc.collect()
+        print("exiting")
+    """)
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,
+                            cwd=Path(__file__).parent, env={**os.environ, "OTEL_METRICS_EXPORTER": "none"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["exiting", "chat m abandoned"]
 
 
 def test_a_stream_abandoned_as_the_interpreter_shuts_down_is_left_alone(
