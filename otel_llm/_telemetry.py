@@ -10,6 +10,7 @@ import gc
 import json
 import random
 import sys
+import threading
 import time
 import weakref
 from array import array
@@ -115,7 +116,7 @@ class Telemetry:
             error_type = error
         if not op.close(time.perf_counter_ns() if end_ns is None else end_ns, error_type):
             return
-        if _collecting:
+        if _collector is not None and _collector == threading.get_ident():
             _LATER.append((self, op, error if isinstance(error, BaseException) else None))
             return
         if _LATER:
@@ -324,13 +325,14 @@ _SHARED: weakref.WeakKeyDictionary[Any, _Shared] = weakref.WeakKeyDictionary()
 # Operations ended where nothing may be written (a garbage collector's finalizer), with the exception to report
 _LATER: deque[tuple[Telemetry, Operation, BaseException | None]] = deque()
 # The garbage collector runs finalizers at any allocation, also where the thread holds a lock of the SDK's or ours:
-# nothing is written while it runs (it runs one collection at a time; another thread seeing this only waits a bit)
-_collecting = False
+# nothing is written on the thread it runs on while it runs (one collection runs at a time). Other threads, which
+# may run while a finalizer waits on I/O, write as usual.
+_collector: int | None = None
 
 
 def _note_collection(phase: str, info: dict[str, int]) -> None:
-    global _collecting
-    _collecting = phase == "start"
+    global _collector
+    _collector = threading.get_ident() if phase == "start" else None
 
 
 gc.callbacks.append(_note_collection)

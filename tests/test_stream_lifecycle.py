@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import types
 from pathlib import Path
 from typing import Any
@@ -199,6 +200,34 @@ def test_a_with_block_closed_by_the_garbage_collector_is_written_later(otel: Cap
     assert otel.spans() == []
     otel.metrics()  # the next collection writes it
     otel.assert_finished(sc.ERROR_CANCELLED)
+
+
+def test_calls_on_other_threads_are_written_while_a_collection_runs(otel: Captured) -> None:
+    """Only the collector's own thread holds back: another may run while a finalizer waits on I/O."""
+    client, _ = sync_client(server())
+    started, release = threading.Event(), threading.Event()
+
+    class SlowFinalizer:
+        def __init__(self) -> None:
+            self.cycle = self
+
+        def __del__(self) -> None:
+            started.set()
+            release.wait(5)
+
+    def collect() -> None:
+        SlowFinalizer()
+        gc.collect()
+
+    collecting = threading.Thread(target=collect)
+    collecting.start()
+    try:
+        assert started.wait(5)
+        client.chat.completions.create(model="m", messages=MESSAGES)
+        assert len(otel.spans()) == 1
+    finally:
+        release.set()
+        collecting.join()
 
 
 def test_a_stream_abandoned_before_exit_is_exported_at_exit() -> None:
