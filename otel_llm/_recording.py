@@ -13,7 +13,7 @@ the public API. tests/test_recording.py checks that both paths give identical po
 
 Under the SDK's default exemplar filter and reservoir, direct values do not even go in at once: they wait in a
 ``Batch`` (a list append under one lock) until a reader collects, then go in together, a series at a time. A reader
-calls every observable instrument's callbacks before it reads its aggregations; ``flushing`` wraps ours. Of the
+calls every observable instrument's callbacks before it reads its aggregations; ours call ``flush_all``. Of the
 exemplars offered meanwhile a series keeps the last per bucket, the one the SDK's bucket-aligned reservoir would
 keep. A batch holds at most ``LIMIT`` values: the record that fills it adds them all. One flush runs at a time, so a
 collection also waits for values another thread is adding. Known gap: a meter disabled at run time (the SDK's
@@ -29,7 +29,7 @@ import threading
 import weakref
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import reduce
 from itertools import repeat
 from math import inf
@@ -38,7 +38,6 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.metrics import CallbackOptions, Observation
 
 from otel_llm._safety import report_failure
 
@@ -135,18 +134,13 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_renew_locks)
 
 
-def flushing(callback: Callable[[CallbackOptions], Iterable[Observation]]) -> Callable[
-        [CallbackOptions], Iterable[Observation]]:
-    """``callback`` for one of our observable instruments, flushing every batch first."""
-    def observe(options: CallbackOptions) -> Iterable[Observation]:
-        for batch in _WAITING.copy():
-            try:
-                batch.flush()
-            except Exception:
-                report_failure("adding histogram values")
-        return callback(options)
-
-    return observe
+def flush_all() -> None:
+    """Add every batch's waiting values: call first in a callback of one of our observable instruments."""
+    for batch in _WAITING.copy():
+        try:
+            batch.flush()
+        except Exception:
+            report_failure("adding histogram values")
 
 
 class Histogram:

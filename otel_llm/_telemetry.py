@@ -27,7 +27,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from otel_llm import _semconv as sc
 from otel_llm._operation import Operation, Request
-from otel_llm._recording import _NO_EXEMPLAR, Batch, Histogram, Series, flushing
+from otel_llm._recording import _NO_EXEMPLAR, Batch, Histogram, Series, flush_all
 from otel_llm._safety import report_failure
 from otel_llm._spans import set_attributes
 
@@ -293,7 +293,7 @@ class _Shared:
     handles too, so that one attribute set keeps one handle and its values stay in the order they were recorded."""
 
     def __init__(self, meter: Meter, names: sc.MetricNames) -> None:
-        # histogram values wait here until a reader collects: the gauges' callbacks flush it first
+        # histogram values wait here until a reader collects: the gauges' callbacks flush every batch first
         self.batch = Batch()
         self._histograms: dict[str, Histogram] = {}
         # rate-limit headroom changes on every response but is read once per export: keep the latest values
@@ -303,8 +303,7 @@ class _Shared:
         self.limits: dict[frozenset[tuple[str, Any]], tuple[float, int]] = {}
         for instrument, latest in ((names.rate_limit_remaining, self.remaining),
                                    (names.rate_limit_limit, self.limits)):
-            callback = _writing_later(flushing(_observe_latest(latest)))
-            meter.create_observable_gauge(instrument.name, callbacks=[callback], unit=instrument.unit,
+            meter.create_observable_gauge(instrument.name, callbacks=[_observe_latest(latest)], unit=instrument.unit,
                                           description=instrument.description)
 
     def histogram(self, meter: Meter, instrument: sc.Instrument | None) -> Histogram | None:
@@ -346,16 +345,6 @@ def write_later() -> None:
         except IndexError:  # another thread took the last
             return
         telemetry._write(op, exception)
-
-
-def _writing_later(callback: Callable[[CallbackOptions], Iterable[Observation]]) -> Callable[
-        [CallbackOptions], Iterable[Observation]]:
-    """``callback``, after the operations waiting to be written are (so that their values are in the batch)."""
-    def observe(options: CallbackOptions) -> Iterable[Observation]:
-        write_later()
-        return callback(options)
-
-    return observe
 
 
 def _shared(meter: Meter, names: sc.MetricNames) -> _Shared:
@@ -406,7 +395,11 @@ def _required(histogram: Histogram | None) -> Histogram:
 
 def _observe_latest(latest: dict[frozenset[tuple[str, Any]], tuple[float, int]]) -> Callable[
         [CallbackOptions], Iterable[Observation]]:
+    """A gauge's callback. A reader calls it before it reads the aggregations: first what waits to be written, then
+    every batch of histogram values (those values included) goes in."""
     def observe(options: CallbackOptions) -> Iterable[Observation]:
+        write_later()
+        flush_all()
         return [Observation(value, dict(key)) for key, (value, _) in list(latest.items())]
 
     return observe

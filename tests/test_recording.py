@@ -28,7 +28,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from otel_llm import _recording
 from otel_llm import _semconv as sc
-from otel_llm._recording import _NO_EXEMPLAR, Batch, Histogram, flushing
+from otel_llm._recording import _NO_EXEMPLAR, Batch, Histogram, flush_all
 
 ATTRIBUTES = [{sc.REQUEST_MODEL: model, sc.SERVER_PORT: 443} for model in ("a", "b")]
 TIME = 1_700_000_000_000_000_000
@@ -57,7 +57,11 @@ def sdk_histogram(reader: InMemoryMetricReader, **provider: Any) -> Any:
 def direct_histogram(meter: Any, batch: Batch | None = None) -> Histogram:
     """Ours, as Telemetry makes it: its batch flushed by a callback of an observable instrument on the same meter."""
     batch = Batch() if batch is None else batch
-    meter.create_observable_gauge("g", callbacks=[flushing(lambda options: [])])
+    def flushing(options: Any) -> list[Any]:
+        flush_all()
+        return []
+
+    meter.create_observable_gauge("g", callbacks=[flushing])
     return Histogram(meter.create_histogram("h", unit="s", explicit_bucket_boundaries_advisory=list(sc.CHUNK_BUCKETS)),
                      batch)
 
