@@ -12,7 +12,9 @@ an overflowed series, internals that are not the ones checked here, a reader add
 the public API. tests/test_recording.py checks that both paths give identical points.
 
 Under the SDK's default exemplar filter and reservoir, direct values do not even go in at once: they wait in a
-``Batch`` (a list append under one lock) until a reader collects, then go in together, a series at a time. A reader
+``Batch`` until a reader collects, then go in together, a series at a time. ``Batch.record`` takes a whole
+operation's values over all its series as one entry (one list append under one lock); what the filter makes of
+each is decided then, from the span context kept with it (not the Context, which would keep the span alive). A reader
 calls every observable instrument's callbacks before it reads its aggregations; ours call ``flush_all``. Of the
 exemplars offered meanwhile a series keeps the last per bucket, the one the SDK's bucket-aligned reservoir would
 keep. A batch holds at most ``LIMIT`` values: the record that fills it adds them all. One flush runs at a time, so a
@@ -28,7 +30,7 @@ import os
 import threading
 import weakref
 from bisect import bisect_left
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from functools import reduce
 from itertools import repeat
@@ -64,6 +66,18 @@ except ImportError:  # another SDK, or a release that moved them: the public API
     _INTERNALS = False
 
 
+# One value of an operation for one series: (series, value, whether it carries the operation's span)
+Point = tuple["Series", float, bool]
+# A series' values in nanoseconds, recorded in seconds (a stream's chunk gaps), and the one value that carries the
+# operation's span (the first equal to it; -1 for none)
+NsPoint = tuple["Series", Sequence[int], int]
+# What waits: the points of one record, its time, the span context its exemplars would link to (not the Context:
+# that would keep the span alive until the next collection)
+_Entry = tuple[Sequence[Point], Sequence[NsPoint], int, Any]
+# An exemplar a flush offers a bucket's reservoir: value, time, span context
+_Offer = tuple[float, int, Any]
+
+
 class Batch:
     """Values of direct series waiting for the next collection (see the module's docstring)."""
 
@@ -77,23 +91,43 @@ class Batch:
         # one flush at a time, held while it adds: a reader collecting while another thread adds a full batch waits
         # for those values, and values go in in the order they were taken
         self._flush_lock = threading.RLock()
-        self._waiting: list[Series] = []  # the series with values in
+        self._entries: list[_Entry] = []
         self._count = 0
 
     def __len__(self) -> int:
         return self._count
 
-    def put(self, series: Series, values: Sequence[float], offer: tuple[float, int, Context] | None) -> None:
-        # Nothing under the lock here allocates an object the garbage collector tracks, so no finalizer runs in
-        # here; one may run in flush() (which allocates), and its record re-enters this lock on the same thread.
+    def record(self, points: Sequence[Point], time_ns: int, context: Context,
+               ns_points: Sequence[NsPoint] = ()) -> None:
+        """Each point as ``series.record(value, time_ns, context if it carries the span else None)``, each of
+        ``ns_points`` as ``series.record_ns(values, time_ns, context, exemplar)``, for series of one meter's
+        histograms; the values are not changed afterwards. When every series waits in the batch (the common case)
+        they wait as one entry, their exemplars chosen at the flush: one lock and one append per operation."""
+        first = points[0][0] if points else ns_points[0][0] if ns_points else None
+        consumer = first._owner._consumer if first is not None else None
+        if consumer is not None and first._owner._histogram._is_enabled():  # type: ignore[union-attr]
+            storages = consumer._reader_storages
+            count = len(points)
+            # negative, infinite and NaN values: the public API warns and drops them
+            if all(series._batched and series._storages is storages and 0 <= value < inf
+                   for series, value, _ in points) \
+                    and all(series._batched and series._storages is storages and (not values or min(values) >= 0)
+                            for series, values, _ in ns_points):
+                count += sum(len(values) for _, values, _ in ns_points)
+                self._put((points, ns_points, time_ns, _span_context(context)), count)
+                return
+        for series, value, exemplary in points:  # one at a time, each the way its series takes values
+            series.record(value, time_ns, context if exemplary else None)
+        for series, values, exemplar in ns_points:
+            series.record_ns(values, time_ns, context, exemplar)
+
+    def _put(self, entry: _Entry, count: int) -> None:
+        # Nothing under the lock allocates an object the garbage collector tracks, so no finalizer runs in here;
+        # one may run in flush() (which allocates), and its record re-enters this lock on the same thread.
         with self._lock:
             _WAITING.add(self)
-            if not series._pending:
-                self._waiting.append(series)
-            series._pending += values
-            if offer is not None:
-                series._pending_offers[bisect_left(series._boundaries, offer[0])] = offer
-            self._count += len(values)
+            self._entries.append(entry)
+            self._count += count
             full = self._count >= self.LIMIT
         if full:
             self.flush()
@@ -102,15 +136,33 @@ class Batch:
         """Add every waiting value to its series' aggregations."""
         with self._flush_lock:
             with self._lock:
-                waiting, self._waiting, self._count = self._waiting, [], 0
-                taken = [(series, series._pending, series._pending_offers) for series in waiting]
-                for series in waiting:
-                    series._pending, series._pending_offers = [], {}
-            for series, values, offers in taken:
+                entries, self._entries, self._count = self._entries, [], 0
+            # series -> its values in order, and the last exemplar offered per bucket; local, so that a finalizer's
+            # record flushing on this thread meanwhile adds only its own
+            taken: defaultdict[Series, tuple[list[float], dict[int, _Offer]]] = defaultdict(_values_and_offers)
+            for points, ns_points, time_ns, span_context in entries:
+                # what the default filter asks of a value: a sampled span
+                traced = span_context is not None and span_context.trace_flags.sampled
+                for series, value, exemplary in points:
+                    values, offers = taken[series]
+                    values.append(value)
+                    if exemplary and span_context is not None:
+                        if series._trace_based:
+                            if traced:
+                                offers[bisect_left(series._boundaries, value)] = (value, time_ns, span_context)
+                        else:
+                            series._offer_later(offers, value, time_ns, span_context)
+                for series, values_ns, exemplar_ns in ns_points:
+                    if values_ns:
+                        values, offers = taken[series]
+                        values += map(truediv, values_ns, repeat(_NS, len(values_ns)))
+                        if exemplar_ns >= 0 and span_context is not None:
+                            series._offer_later(offers, exemplar_ns / _NS, time_ns, span_context)
+            for series, (values, offers) in taken.items():
                 series._add_batch(values, offers)
             with self._lock:  # let go once in: until then a collection must find it, and wait for it
                 _WAITING.discard(self)
-                if self._waiting:  # taken since (by a finalizer's record on this thread: put() adds it back too)
+                if self._entries:  # put since (by a finalizer's record on this thread: _put() adds it back too)
                     _WAITING.add(self)
 
 
@@ -132,6 +184,22 @@ def _renew_locks() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_renew_locks)
+
+
+def _span_context(context: Context | None) -> Any:
+    """What a waiting value keeps of its context: the span context its exemplar would link to, if valid."""
+    if context is None:
+        return None
+    span_context = trace.get_current_span(context).get_span_context()
+    return span_context if span_context.is_valid else None
+
+
+def _values_and_offers() -> tuple[list[float], dict[int, _Offer]]:
+    return [], {}
+
+
+def _context(span_context: Any) -> Context:
+    return trace.set_span_in_context(trace.NonRecordingSpan(span_context))
 
 
 def flush_all() -> None:
@@ -171,11 +239,13 @@ class Histogram:
     def _off(self) -> None:
         _log.debug("otel_llm: direct histogram record failed; using the public API", exc_info=True)
         self._consumer = None
+        for series in list(self._series.values()):  # no new values wait; those waiting take the public API
+            series._batched = False
 
 
 class Series:
     __slots__ = ("_aggregations", "_batched", "_boundaries", "_context_only", "_filter", "_may_batch", "_owner",
-                 "_pending", "_pending_offers", "_reservoirs", "_storages", "attributes")
+                 "_reservoirs", "_storages", "_trace_based", "attributes")
 
     def __init__(self, owner: Histogram, attributes: dict[str, Any], *, batched: bool = True) -> None:
         self._owner = owner
@@ -184,6 +254,7 @@ class Series:
         self._storages: Any = None
         self._filter: Any = None
         self._context_only = True  # the filter samples only values recorded with a sampled span
+        self._trace_based = False  # the filter is the SDK's default, which samples exactly those
         # the aggregations' exemplar reservoirs when they are the SDK's own bucket-aligned ones (offered to directly)
         self._reservoirs: tuple[Any, ...] | None = None
         # values go through the batch: a handle that may, a context-only filter, and aligned reservoirs that share
@@ -191,9 +262,6 @@ class Series:
         self._may_batch = batched
         self._batched = False
         self._boundaries: Sequence[float] = ()
-        # in the batch, under its lock: values in order, and the last exemplar offered per bucket
-        self._pending: list[float] = []
-        self._pending_offers: dict[int, tuple[float, int, Context]] = {}
 
     def record(self, value: float, time_ns: int, context: Context | None = None) -> None:
         """As ``Histogram.record(value, attributes, context)``; ``time_ns`` is the exemplar's time. Without a context
@@ -201,7 +269,7 @@ class Series:
         aggregations = self._direct()
         if aggregations and 0 <= value < inf:  # negative, infinite and NaN values: the public API warns, drops them
             if self._batched:
-                self._owner._batch.put(self, (value,), self._exemplar(value, time_ns, context))
+                self._owner._batch._put((((self, value, True),), (), time_ns, _span_context(context)), 1)
                 return
             if self._add_now(aggregations, (value,), time_ns, context, value if context is not None else None):
                 return
@@ -218,7 +286,8 @@ class Series:
             seconds = list(map(truediv, values_ns, repeat(_NS, len(values_ns))))
             exemplar = exemplar_ns / _NS if exemplar_ns >= 0 else None
             if self._batched:
-                self._owner._batch.put(self, seconds, self._exemplar(exemplar, time_ns, context))
+                self._owner._batch._put(((), ((self, values_ns, exemplar_ns),), time_ns, _span_context(context)),
+                                        len(values_ns))
                 return
             if self._add_now(aggregations, seconds, time_ns, context, exemplar):
                 return
@@ -237,6 +306,15 @@ class Series:
             return None
         return value, time_ns, context
 
+    def _offer_later(self, offers: dict[int, _Offer], value: float, time_ns: int, span_context: Any) -> None:
+        """In a batch's flush: the value, if the filter samples it, replaces the offer before in its bucket."""
+        if self._trace_based:  # what the SDK's default filter looks at, without a Context to look in
+            sampled = span_context.trace_flags.sampled
+        else:
+            sampled = self._filter.should_sample(value, time_ns, self.attributes, _context(span_context))
+        if sampled:
+            offers[bisect_left(self._boundaries, value)] = (value, time_ns, span_context)
+
     def _add_now(self, aggregations: tuple[Any, ...], values: Sequence[float], time_ns: int, context: Context | None,
                  exemplar: float | None) -> bool:
         """Add the values to the aggregations at once; False if the public API must take them instead."""
@@ -254,7 +332,7 @@ class Series:
         self._offer(aggregations, offers, time_ns)
         return True
 
-    def _add_batch(self, values: list[float], offers: dict[int, tuple[float, int, Context]]) -> None:
+    def _add_batch(self, values: list[float], offers: dict[int, _Offer]) -> None:
         """Values from the batch, in the order they were recorded; then the exemplars, as the reservoir would have
         kept them."""
         aggregations, reservoirs = self._aggregations, self._reservoirs
@@ -269,7 +347,8 @@ class Series:
             for aggregation in aggregations:
                 _add_all(aggregation, values)
                 added += 1
-            for bucket, (value, time_ns, context) in offers.items():
+            for bucket, (value, time_ns, span_context) in offers.items():
+                context = _context(span_context)
                 for reservoir in reservoirs:
                     with reservoir._lock:
                         reservoir._reservoir_storage[bucket].offer(value, time_ns, self.attributes, context)
@@ -286,7 +365,7 @@ class Series:
             if consumer is not None and consumer._reader_storages is self._storages \
                     and self._owner._histogram._is_enabled():
                 return aggregations
-            if self._pending:  # what waits belongs to these aggregations
+            if len(self._owner._batch):  # what waits may belong to these aggregations
                 self._owner._batch.flush()
             self._aggregations = ()  # readers changed, the path is off, or the meter is disabled: look again
         return ()
@@ -353,6 +432,7 @@ class Series:
             # published with the aggregations last: another thread recording meanwhile sees them all or none
             self._reservoirs = reservoirs if aligned else None
             self._filter, self._context_only = exemplar_filter, context_only
+            self._trace_based = type(exemplar_filter) is TraceBasedExemplarFilter
             self._boundaries = reservoirs[0]._boundaries if batched else ()
             self._batched = batched
             self._storages = storages

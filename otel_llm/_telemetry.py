@@ -27,7 +27,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from otel_llm import _semconv as sc
 from otel_llm._operation import Operation, Request
-from otel_llm._recording import _NO_EXEMPLAR, Batch, Histogram, Series, flush_all
+from otel_llm._recording import _NO_EXEMPLAR, Batch, Histogram, NsPoint, Point, Series, flush_all
 from otel_llm._safety import report_failure
 from otel_llm._spans import set_attributes
 
@@ -218,19 +218,18 @@ class Telemetry:
             for value, latest in ((remaining, self._remaining), (limit, self._limits)):
                 if value is not None and op.rate_limits_ns >= latest.get(gauge_key, (0.0, 0))[1]:
                     latest[gauge_key] = (value, op.rate_limits_ns)
-        now = time.time_ns()
-        ctx = op.context
         # exemplars link a slow latency bucket to its trace; counts (prompt length, tokens) carry none
+        points: list[Point] = [(series.duration, (op.end_ns - op.start_ns) / _NS, True)]
+        gaps: tuple[NsPoint, ...] = ()
         if request.prompt_chars is not None:
-            series.prompt_length.record(request.prompt_chars, now)
-        series.duration.record((op.end_ns - op.start_ns) / _NS, now, ctx)
+            points.append((series.prompt_length, request.prompt_chars, False))
         if request.stream:
             if op.first_content_ns:
-                series.time_to_first_chunk.record((op.first_content_ns - op.start_ns) / _NS, now, ctx)
+                points.append((series.time_to_first_chunk, (op.first_content_ns - op.start_ns) / _NS, True))
             if op.record_gaps and op.gaps_ns:  # the longest gap links to the trace
-                series.chunk_gap.record_ns(op.gaps_ns, now, ctx, op.max_gap_ns)
+                gaps = ((series.chunk_gap, op.gaps_ns, op.max_gap_ns),)
             if tpot is not None:
-                series.time_per_output_token.record(tpot, now, ctx)
+                points.append((series.time_per_output_token, tpot, True))
         for count, usage, histogram, counter in (
             (op.input_tokens, series.input_usage, series.input_tokens, self._input_counter),
             (op.output_tokens, series.output_usage, series.output_tokens, self._output_counter),
@@ -238,11 +237,12 @@ class Telemetry:
             if count is None:
                 continue
             if usage is not None:
-                usage.record(count, now)
+                points.append((usage, count, False))
             if histogram is not None:
-                histogram.record(count, now)
+                points.append((histogram, count, False))
             if counter is not None:
                 counter.add(count, series.attributes, context=_NO_EXEMPLAR)
+        self._batch.record(points, time.time_ns(), op.context, gaps)
 
     def _new_series(self, key: tuple[Any, ...], op: Operation) -> _Series:
         if len(self._series) >= _MAX_SERIES_KINDS:  # unbounded model names: start over rather than grow

@@ -22,9 +22,11 @@ from opentelemetry.sdk.metrics import (
     SimpleFixedSizeExemplarReservoir,
 )
 from opentelemetry.sdk.metrics import Histogram as SdkHistogram
+from opentelemetry.sdk.metrics._internal import _default_meter_configurator, _disable_meter_configurator
 from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader
 from opentelemetry.sdk.metrics.view import ExponentialBucketHistogramAggregation, View
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 from otel_llm import _recording
 from otel_llm import _semconv as sc
@@ -139,6 +141,58 @@ def test_a_batch_of_gaps_matches_one_public_record_each(exemplar_filter: Exempla
     assert points(direct) == points(public)
 
 
+def test_whole_operations_wait_as_one_entry_and_give_the_public_apis_points() -> None:
+    """Batch.record: an operation's values over several series, some carrying its span, and its gaps in ns."""
+    rng = random.Random(11)
+    unsampled = trace.set_span_in_context(TracerProvider(sampler=ALWAYS_OFF).get_tracer("t").start_span("s"))
+    operations = []
+    for index in range(200):
+        gaps_ns = [int(rng.lognormvariate(16, 1)) for _ in range(rng.randrange(0, 6))]
+        context = unsampled if index % 7 == 3 else span_context()
+        longest = -1 if index % 5 == 1 else max(gaps_ns, default=-1)  # some with none that links to the span
+        operations.append(([(0, rng.lognormvariate(-2, 1), True), (1, float(rng.randrange(1, 500)), False),
+                            (1, rng.lognormvariate(-3, 1), True)], gaps_ns, longest, context))
+    public, direct = InMemoryMetricReader(), InMemoryMetricReader()
+    public_histogram = sdk_histogram(public)
+    for values, gaps_ns, exemplar, context in operations:
+        for index, value, exemplary in values:
+            public_histogram.record(value, ATTRIBUTES[index], context=context if exemplary else _NO_EXEMPLAR)
+        for gap in gaps_ns:
+            public_histogram.record(gap / 1e9, ATTRIBUTES[0], context=context if gap == exemplar else _NO_EXEMPLAR)
+            if gap == exemplar:
+                exemplar = -1
+    histogram = our_histogram(direct)
+    batch = histogram._batch
+    series = [histogram.series(attributes) for attributes in ATTRIBUTES]
+    waiting = []
+    for values, gaps_ns, longest, context in operations:
+        batch.record([(series[index], value, exemplary) for index, value, exemplary in values], TIME, context,
+                     [(series[0], gaps_ns, longest)])
+        waiting.append(len(batch._entries))
+    # the first operation made both series, value by value; every later one waits as one entry
+    assert waiting[1:] == list(range(waiting[0] + 1, waiting[0] + len(operations)))
+    assert points(direct) == points(public)
+    assert histogram._consumer is not None and all(s._batched for s in series)  # and the direct path is still on
+
+
+def test_an_operation_with_a_value_the_public_api_drops_goes_value_by_value() -> None:
+    """An operation with a value the public API drops (negative, NaN) takes the public API's way; one of empty
+    gaps alone adds nothing."""
+    public, direct = InMemoryMetricReader(), InMemoryMetricReader()
+    public_histogram = sdk_histogram(public)
+    histogram = our_histogram(direct)
+    series = histogram.series(ATTRIBUTES[0])
+    context = span_context()
+    for values in ([0.5, 0.25], [0.125, -1.0], [float("nan"), 0.75]):
+        for value in values:
+            public_histogram.record(value, ATTRIBUTES[0], context=context)
+        histogram._batch.record([(series, value, True) for value in values], TIME, context)
+    assert points(direct) == points(public)
+    assert points(direct)[0][1] == 4
+    histogram._batch.record([], TIME, context, [(series, [], -1)])  # a stream without gaps: nothing to add
+    assert points(direct)[0][1] == 4 and histogram._consumer is not None
+
+
 def test_gaps_other_than_the_longest_never_link_to_the_callers_span() -> None:
     reader = InMemoryMetricReader()
     series = our_histogram(reader).series(ATTRIBUTES[0])
@@ -191,16 +245,54 @@ def test_delta_readers_take_the_public_api() -> None:
     assert sum(p[1] for p in points(direct)) == 5
 
 
-def test_a_reader_added_later_sees_every_value_after_it() -> None:
+def by_series(series: Any, value: float) -> None:
+    series.record(value, TIME, _NO_EXEMPLAR)
+
+
+def by_operation(series: Any, value: float) -> None:
+    series._owner._batch.record([(series, value, True)], TIME, _NO_EXEMPLAR)
+
+
+def by_series_ns(series: Any, values_ns: list[int]) -> None:
+    series.record_ns(values_ns, TIME, _NO_EXEMPLAR, -1)
+
+
+def by_operation_ns(series: Any, values_ns: list[int]) -> None:
+    series._owner._batch.record([], TIME, _NO_EXEMPLAR, [(series, values_ns, -1)])
+
+
+RECORDS = pytest.mark.parametrize("record, record_ns", [(by_series, by_series_ns), (by_operation, by_operation_ns)],
+                                  ids=["Series.record", "Batch.record"])
+
+
+@RECORDS
+def test_a_reader_added_later_sees_every_value_after_it(record: Any, record_ns: Any) -> None:
     first, second = InMemoryMetricReader(), InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[first])
     series = direct_histogram(provider.get_meter("t")).series(ATTRIBUTES[0])
     for _ in range(3):
-        series.record(0.01, TIME, _NO_EXEMPLAR)
+        record(series, 0.01)
     provider.add_metric_reader(second)
-    series.record_ns([20_000_000, 20_000_000], TIME, _NO_EXEMPLAR, -1)
-    assert points(first)[0][1] == 5
-    assert points(second)[0][1] == 2
+    record_ns(series, [20_000_000, 20_000_000])
+    provider.add_metric_reader(third := InMemoryMetricReader())
+    record(series, 0.03)
+    assert points(first)[0][1] == 6
+    assert points(second)[0][1] == 3
+    assert points(third)[0][1] == 1
+
+
+@RECORDS
+def test_a_disabled_meter_records_nothing(record: Any, record_ns: Any) -> None:
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    series = direct_histogram(provider.get_meter("t")).series(ATTRIBUTES[0])
+    record(series, 0.01)
+    record(series, 0.01)  # waits
+    provider._set_meter_configurator(meter_configurator=_disable_meter_configurator)
+    record(series, 0.02)
+    record_ns(series, [20_000_000])
+    provider._set_meter_configurator(meter_configurator=_default_meter_configurator)
+    assert points(reader)[0][1] == 2
 
 
 def test_values_the_sdk_refuses_are_refused_the_same_way() -> None:
@@ -399,14 +491,17 @@ def test_a_finalizer_that_records_while_its_thread_holds_the_batch_does_not_hang
     for handle in (series, other):
         handle.record(0.01, TIME)  # the public API: now both wait in the batch
 
-    class Collecting(list[float]):
-        """A list whose extension, under the batch's lock, runs a finalizer that records."""
+    class Collecting(list[Any]):
+        """A list whose first append, under the batch's lock, runs a finalizer that records."""
 
-        def __iadd__(self, values: Any) -> Any:
-            other.record(0.02, TIME)
-            return super().__iadd__(values)
+        def append(self, entry: Any) -> None:
+            if not self:
+                super().append(None)  # once
+                other.record(0.02, TIME)
+                self.remove(None)
+            super().append(entry)
 
-    series._pending = Collecting()
+    histogram._batch._entries = Collecting()
     recording = threading.Thread(target=series.record, args=(0.03, TIME), daemon=True)
     recording.start()
     recording.join(5)
