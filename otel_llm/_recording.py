@@ -60,7 +60,8 @@ try:
     from opentelemetry.sdk.metrics._internal.measurement import Measurement
 
     _INTERNALS = True
-    # filters that never sample a value recorded without a sampled span: of a batch, only its exemplar is offered
+    # the SDK's filters that never sample a value recorded without a sampled span (exactly these: a subclass may
+    # look at more): of a batch, only its exemplar is offered, and the span's sampled flag decides
     _CONTEXT_ONLY_FILTERS: tuple[type, ...] = (TraceBasedExemplarFilter, AlwaysOffExemplarFilter)
 except ImportError:  # another SDK, or a release that moved them: the public API only
     _INTERNALS = False
@@ -114,7 +115,8 @@ class Batch:
                     and all(series._batched and series._storages is storages and (not values or min(values) >= 0)
                             for series, values, _ in ns_points):
                 count += sum(len(values) for _, values, _ in ns_points)
-                self._put((points, ns_points, time_ns, _span_context(context)), count)
+                if count:
+                    self._put((points, ns_points, time_ns, _span_context(context)), count)
                 return
         for series, value, exemplary in points:  # one at a time, each the way its series takes values
             series.record(value, time_ns, context if exemplary else None)
@@ -134,30 +136,29 @@ class Batch:
 
     def flush(self) -> None:
         """Add every waiting value to its series' aggregations."""
+        fresh: list[_Entry] = []  # made before: an allocation in between may run a finalizer that flushes
         with self._flush_lock:
             with self._lock:
-                entries, self._entries, self._count = self._entries, [], 0
+                entries, self._entries, self._count = self._entries, fresh, 0
             # series -> its values in order, and the last exemplar offered per bucket; local, so that a finalizer's
             # record flushing on this thread meanwhile adds only its own
             taken: defaultdict[Series, tuple[list[float], dict[int, _Offer]]] = defaultdict(_values_and_offers)
             for points, ns_points, time_ns, span_context in entries:
-                # what the default filter asks of a value: a sampled span
+                # all the SDK's default filter asks of a value (AlwaysOff, the other filter that lets values wait,
+                # samples none)
                 traced = span_context is not None and span_context.trace_flags.sampled
                 for series, value, exemplary in points:
                     values, offers = taken[series]
                     values.append(value)
-                    if exemplary and span_context is not None:
-                        if series._trace_based:
-                            if traced:
-                                offers[bisect_left(series._boundaries, value)] = (value, time_ns, span_context)
-                        else:
-                            series._offer_later(offers, value, time_ns, span_context)
+                    if exemplary and traced and series._trace_based:
+                        offers[bisect_left(series._boundaries, value)] = (value, time_ns, span_context)
                 for series, values_ns, exemplar_ns in ns_points:
                     if values_ns:
                         values, offers = taken[series]
                         values += map(truediv, values_ns, repeat(_NS, len(values_ns)))
-                        if exemplar_ns >= 0 and span_context is not None:
-                            series._offer_later(offers, exemplar_ns / _NS, time_ns, span_context)
+                        if exemplar_ns >= 0 and traced and series._trace_based:
+                            exemplar = exemplar_ns / _NS
+                            offers[bisect_left(series._boundaries, exemplar)] = (exemplar, time_ns, span_context)
             for series, (values, offers) in taken.items():
                 series._add_batch(values, offers)
             with self._lock:  # let go once in: until then a collection must find it, and wait for it
@@ -187,11 +188,12 @@ if hasattr(os, "register_at_fork"):
 
 
 def _span_context(context: Context | None) -> Any:
-    """What a waiting value keeps of its context: the span context its exemplar would link to, if valid."""
+    """What a waiting value keeps of its context: the span context its exemplar would link to. None for none, and
+    for the invalid span, which the SDK's filter and reservoir pass over."""
     if context is None:
         return None
-    span_context = trace.get_current_span(context).get_span_context()
-    return span_context if span_context.is_valid else None
+    span = trace.get_current_span(context)
+    return None if span is trace.INVALID_SPAN else span.get_span_context()
 
 
 def _values_and_offers() -> tuple[list[float], dict[int, _Offer]]:
@@ -199,7 +201,8 @@ def _values_and_offers() -> tuple[list[float], dict[int, _Offer]]:
 
 
 def _context(span_context: Any) -> Context:
-    return trace.set_span_in_context(trace.NonRecordingSpan(span_context))
+    """A Context holding only the span of that span context, for a reservoir's offer (it reads the ids)."""
+    return trace.set_span_in_context(trace.NonRecordingSpan(span_context), Context())
 
 
 def flush_all() -> None:
@@ -291,6 +294,8 @@ class Series:
                 return
             if self._add_now(aggregations, seconds, time_ns, context, exemplar):
                 return
+        if aggregations and len(self._owner._batch):  # a value the public API drops: the others go in after what
+            self._owner._batch.flush()  # waits, as recorded
         record = self._owner._histogram.record
         for value in values_ns:
             record(value / _NS, self.attributes, context=context if value == exemplar_ns else _NO_EXEMPLAR)
@@ -305,15 +310,6 @@ class Series:
         if value is None or context is None or not self._filter.should_sample(value, time_ns, self.attributes, context):
             return None
         return value, time_ns, context
-
-    def _offer_later(self, offers: dict[int, _Offer], value: float, time_ns: int, span_context: Any) -> None:
-        """In a batch's flush: the value, if the filter samples it, replaces the offer before in its bucket."""
-        if self._trace_based:  # what the SDK's default filter looks at, without a Context to look in
-            sampled = span_context.trace_flags.sampled
-        else:
-            sampled = self._filter.should_sample(value, time_ns, self.attributes, _context(span_context))
-        if sampled:
-            offers[bisect_left(self._boundaries, value)] = (value, time_ns, span_context)
 
     def _add_now(self, aggregations: tuple[Any, ...], values: Sequence[float], time_ns: int, context: Context | None,
                  exemplar: float | None) -> bool:
@@ -426,7 +422,7 @@ class Series:
                           and tuple(reservoir._boundaries) == tuple(aggregation._boundaries)
                           for reservoir, aggregation in zip(reservoirs, found, strict=True))
             exemplar_filter = consumer._sdk_config.exemplar_filter
-            context_only = isinstance(exemplar_filter, _CONTEXT_ONLY_FILTERS)
+            context_only = type(exemplar_filter) in _CONTEXT_ONLY_FILTERS
             batched = self._may_batch and aligned and context_only \
                 and len({tuple(reservoir._boundaries) for reservoir in reservoirs}) == 1
             # published with the aggregations last: another thread recording meanwhile sees them all or none

@@ -13,13 +13,15 @@ import time
 from typing import Any
 
 import pytest
-from opentelemetry import trace
+from opentelemetry import baggage, trace
+from opentelemetry import context as otel_context
 from opentelemetry.sdk.metrics import (
     AlignedHistogramBucketExemplarReservoir,
     AlwaysOnExemplarFilter,
     ExemplarFilter,
     MeterProvider,
     SimpleFixedSizeExemplarReservoir,
+    TraceBasedExemplarFilter,
 )
 from opentelemetry.sdk.metrics import Histogram as SdkHistogram
 from opentelemetry.sdk.metrics._internal import _default_meter_configurator, _disable_meter_configurator
@@ -36,8 +38,8 @@ ATTRIBUTES = [{sc.REQUEST_MODEL: model, sc.SERVER_PORT: 443} for model in ("a", 
 TIME = 1_700_000_000_000_000_000
 
 
-def span_context() -> Any:
-    return trace.set_span_in_context(TracerProvider().get_tracer("t").start_span("s"))
+def span_context(parent: Any = None) -> Any:
+    return trace.set_span_in_context(TracerProvider().get_tracer("t").start_span("s", context=parent), parent)
 
 
 def points(reader: InMemoryMetricReader) -> list[tuple[Any, ...]]:
@@ -93,6 +95,26 @@ class _EveryOtherValue(ExemplarFilter):
 
 FILTERS = pytest.mark.parametrize("exemplar_filter", [None, AlwaysOnExemplarFilter(), _EveryOtherValue()],
                                   ids=["trace-based", "always-on", "value-based"])
+
+
+def by_series(series: Any, value: float, context: Any = _NO_EXEMPLAR) -> None:
+    series.record(value, TIME, context)
+
+
+def by_operation(series: Any, value: float, context: Any = _NO_EXEMPLAR) -> None:
+    series._owner._batch.record([(series, value, True)], TIME, context)
+
+
+def by_series_ns(series: Any, values_ns: list[int], context: Any = _NO_EXEMPLAR, exemplar_ns: int = -1) -> None:
+    series.record_ns(values_ns, TIME, context, exemplar_ns)
+
+
+def by_operation_ns(series: Any, values_ns: list[int], context: Any = _NO_EXEMPLAR, exemplar_ns: int = -1) -> None:
+    series._owner._batch.record([], TIME, context, [(series, values_ns, exemplar_ns)])
+
+
+RECORDS = pytest.mark.parametrize("record, record_ns", [(by_series, by_series_ns), (by_operation, by_operation_ns)],
+                                  ids=["Series.record", "Batch.record"])
 
 
 @FILTERS
@@ -190,7 +212,67 @@ def test_an_operation_with_a_value_the_public_api_drops_goes_value_by_value() ->
     assert points(direct) == points(public)
     assert points(direct)[0][1] == 4
     histogram._batch.record([], TIME, context, [(series, [], -1)])  # a stream without gaps: nothing to add
+    assert not histogram._batch._entries
     assert points(direct)[0][1] == 4 and histogram._consumer is not None
+
+
+class _DebugRequestsOnly(TraceBasedExemplarFilter):
+    """Trace-based, and only for requests whose baggage says debug: a filter that looks at more of the Context."""
+
+    def should_sample(self, value: float, time_unix_nano: int, attributes: Any, context: Any) -> bool:
+        return baggage.get_baggage("debug", context) == "1" and super().should_sample(value, time_unix_nano,
+                                                                                        attributes, context)
+
+
+@RECORDS
+def test_a_filter_of_its_own_sees_the_context_recorded_with(record: Any, record_ns: Any) -> None:
+    """Only the SDK's own context-only filters let values wait with just a span context; a subclass is asked at
+    once, with the very Context, not with what is current where a flush runs."""
+    debug = span_context(baggage.set_baggage("debug", "1"))
+    plain = span_context()
+    values = [(0.003, debug), (0.02, plain), (0.3, debug), (0.7, plain), (0.04, debug)]
+    public, direct = InMemoryMetricReader(), InMemoryMetricReader()
+    public_histogram = sdk_histogram(public, exemplar_filter=_DebugRequestsOnly())
+    series = our_histogram(direct, exemplar_filter=_DebugRequestsOnly()).series(ATTRIBUTES[0])
+    for value, context in values:
+        public_histogram.record(value, ATTRIBUTES[0], context=context)
+        record(series, value, context)
+    token = otel_context.attach(baggage.set_baggage("debug", "1"))  # where the collection runs
+    try:
+        found = points(direct)
+    finally:
+        otel_context.detach(token)
+    assert found == points(public)
+    assert len(found[0][6]) == 3  # the debug requests'
+
+
+@RECORDS
+def test_a_span_context_that_is_not_valid_but_sampled_links_as_the_sdk_links_it(record: Any, record_ns: Any) -> None:
+    odd = trace.set_span_in_context(trace.NonRecordingSpan(
+        trace.SpanContext(0, 0, is_remote=False, trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED))))
+    public, direct = InMemoryMetricReader(), InMemoryMetricReader()
+    public_histogram = sdk_histogram(public)
+    series = our_histogram(direct).series(ATTRIBUTES[0])
+    for value in (0.01, 0.2):
+        public_histogram.record(value, ATTRIBUTES[0], context=odd)
+        record(series, value, odd)
+    assert points(direct) == points(public)
+
+
+@RECORDS
+def test_gaps_with_a_value_the_sdk_drops_go_in_after_the_values_waiting(record: Any, record_ns: Any) -> None:
+    context = span_context()
+    public, direct = InMemoryMetricReader(), InMemoryMetricReader()
+    public_histogram = sdk_histogram(public)
+    series = our_histogram(direct).series(ATTRIBUTES[0])
+    for value in (0.1, 0.21, 0.3, 0.22):  # waiting, the last two in the bucket of the longest gap
+        public_histogram.record(value, ATTRIBUTES[0], context=context)
+        record(series, value, context)
+    gaps_ns = [250_000_000, -5, 1_000_000]
+    for gap in gaps_ns:
+        public_histogram.record(gap / 1e9, ATTRIBUTES[0], context=context if gap == gaps_ns[0] else _NO_EXEMPLAR)
+    record_ns(series, gaps_ns, context, gaps_ns[0])
+    assert points(direct) == points(public)
 
 
 def test_gaps_other_than_the_longest_never_link_to_the_callers_span() -> None:
@@ -245,24 +327,6 @@ def test_delta_readers_take_the_public_api() -> None:
     assert sum(p[1] for p in points(direct)) == 5
 
 
-def by_series(series: Any, value: float) -> None:
-    series.record(value, TIME, _NO_EXEMPLAR)
-
-
-def by_operation(series: Any, value: float) -> None:
-    series._owner._batch.record([(series, value, True)], TIME, _NO_EXEMPLAR)
-
-
-def by_series_ns(series: Any, values_ns: list[int]) -> None:
-    series.record_ns(values_ns, TIME, _NO_EXEMPLAR, -1)
-
-
-def by_operation_ns(series: Any, values_ns: list[int]) -> None:
-    series._owner._batch.record([], TIME, _NO_EXEMPLAR, [(series, values_ns, -1)])
-
-
-RECORDS = pytest.mark.parametrize("record, record_ns", [(by_series, by_series_ns), (by_operation, by_operation_ns)],
-                                  ids=["Series.record", "Batch.record"])
 
 
 @RECORDS
@@ -507,6 +571,54 @@ def test_a_finalizer_that_records_while_its_thread_holds_the_batch_does_not_hang
     recording.join(5)
     assert not recording.is_alive()
     assert [point[1] for point in points(reader)] == [2, 2]
+
+
+def test_a_finalizer_that_records_anywhere_in_a_full_flush_neither_loses_nor_doubles() -> None:
+    """The collector may run a finalizer at any allocation, also inside the flush a full batch starts; one that
+    records there (here a gc callback stands in for it) may fill the batch again and flush it nested. Tried at each
+    of the first allocations of the flush in turn, with the collector run at every other allocation, at both
+    parities."""
+    tried = 0
+    for parity in (0, 1):
+        for nth in range(1, 13):  # the first allocations: taking what waits, sorting the first entries
+            reader = InMemoryMetricReader()
+            histogram = direct_histogram(MeterProvider(metric_readers=[reader]).get_meter("t"))
+            batch, series = histogram._batch, histogram.series(ATTRIBUTES[0])
+            while len(batch) < Batch.LIMIT - 1:
+                series.record(0.01, TIME)
+            starts, hoard = 0, []
+
+            def finalizer(phase: str, info: dict[str, int], nth: int = nth, series: Any = series,
+                          hoard: list[Any] = hoard) -> None:
+                nonlocal starts
+                frame: Any = sys._getframe(1)
+                while frame is not None and frame.f_code is not Batch.flush.__code__:
+                    frame = frame.f_back
+                if frame is None:
+                    return
+                if phase == "stop":  # lists a collection frees would be reused: the flush's next list is made anew
+                    for _ in range(4):
+                        hoard.append([])
+                    return
+                starts += 1
+                if starts == nth:
+                    series.record(0.01, TIME)
+
+            thresholds = gc.get_threshold()
+            gc.callbacks.append(finalizer)
+            try:
+                padding = [[] for _ in range(100 + parity)]  # and no empty list left to reuse: each is made
+                gc.set_threshold(1)
+                series.record(0.01, TIME)  # fills the batch: this record adds it all
+            finally:
+                gc.set_threshold(*thresholds)
+                gc.callbacks.remove(finalizer)
+            del padding
+            assert points(reader)[0][1] == Batch.LIMIT + 1 + (starts >= nth)
+            if starts < nth:
+                break
+            tried += 1
+    assert tried >= 20  # it did run inside the flush
 
 
 def test_a_value_recorded_as_a_flush_lets_go_of_its_batch_is_still_collected(monkeypatch: pytest.MonkeyPatch) -> None:

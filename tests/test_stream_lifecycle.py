@@ -66,6 +66,41 @@ def test_break_then_close_is_cancelled(otel: Captured) -> None:
     assert otel.point(sc.STABLE_NAMES.time_to_first_chunk.name).count == 1
 
 
+def test_chunks_read_after_a_close_reach_the_caller_and_not_the_record(otel: Captured) -> None:
+    """close() inside the loop: the client still hands out what it had decoded; the operation ended at the close."""
+    client, _ = sync_client(server())
+    for _ in range(2):  # the first makes the metric series; the second's values wait for the collection
+        stream = client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+        seen = []
+        for chunk in stream:
+            seen.append(chunk)
+            if len(seen) == 3:  # role, "a", "b"
+                stream.close()
+        assert len(seen) > 3, "the client kept handing out chunks after the close"
+        assert all(chunk.choices for chunk in seen)  # the usage chunk we asked for is still hidden
+    assert [attributes(span)[sc.CONTENT_CHUNKS] for span in otel.spans()] == [2, 2]
+    assert {attributes(span)[sc.ERROR_TYPE] for span in otel.spans()} == {sc.ERROR_CANCELLED}
+    assert otel.point(sc.STABLE_NAMES.time_per_output_chunk.name).count == 2
+
+
+def test_async_chunks_read_after_a_close_reach_the_caller_and_not_the_record(otel: Captured) -> None:
+    client, _ = async_client(server())
+
+    async def main() -> None:
+        for _ in range(2):
+            stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+            seen = []
+            async for chunk in stream:
+                seen.append(chunk)
+                if len(seen) == 3:
+                    await stream.close()
+            assert len(seen) > 3 and all(chunk.choices for chunk in seen)
+
+    asyncio.run(main())
+    assert [attributes(span)[sc.CONTENT_CHUNKS] for span in otel.spans()] == [2, 2]
+    assert otel.point(sc.STABLE_NAMES.time_per_output_chunk.name).count == 2
+
+
 def test_with_block_exit_closes_the_stream(otel: Captured) -> None:
     client, _ = sync_client(server())
     with client.chat.completions.create(model="m", messages=MESSAGES, stream=True) as stream:
