@@ -92,6 +92,9 @@ class Operation(_WeaklyReferable):
         self.finished = True
         self.end_ns = end_ns
         if self.gaps_ns:
+            # a copy: chunks a closed stream still hands out (close() in the caller's loop, or on another thread)
+            # go on into the stream's own array, not into this operation's record
+            self.gaps_ns = self.gaps_ns[:]
             self.max_gap_ns = max(self.gaps_ns)
         if error_type is not None and self.error_type is None:
             self.error_type = error_type

@@ -294,8 +294,8 @@ class Series:
                 return
             if self._add_now(aggregations, seconds, time_ns, context, exemplar):
                 return
-        if aggregations and len(self._owner._batch):  # a value the public API drops: the others go in after what
-            self._owner._batch.flush()  # waits, as recorded
+        if aggregations:  # a value the public API drops: the others go in after what waits (or is being added on
+            self._owner._batch.flush()  # another thread, which a look at len() would miss), as recorded
         record = self._owner._histogram.record
         for value in values_ns:
             record(value / _NS, self.attributes, context=context if value == exemplar_ns else _NO_EXEMPLAR)
@@ -361,8 +361,8 @@ class Series:
             if consumer is not None and consumer._reader_storages is self._storages \
                     and self._owner._histogram._is_enabled():
                 return aggregations
-            if len(self._owner._batch):  # what waits may belong to these aggregations
-                self._owner._batch.flush()
+            # what waits, or is being added on another thread, belongs to these aggregations
+            self._owner._batch.flush()
             self._aggregations = ()  # readers changed, the path is off, or the meter is disabled: look again
         return ()
 

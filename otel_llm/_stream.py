@@ -59,7 +59,7 @@ def _sync_step(next_chunk: Callable[[], Any], observe: Observe, read_error: Read
             except Exception:
                 report_failure("stream chunk")
                 return chunk
-            if kind == CONTENT and not op.finished:  # chunks a closed stream still hands out are not recorded
+            if kind == CONTENT:
                 now = clock()
                 if op.last_content_ns:
                     gaps.append(now - op.last_content_ns)
@@ -92,7 +92,7 @@ def _async_step(next_chunk: Callable[[], Awaitable[Any]], observe: Observe, read
             except Exception:
                 report_failure("stream chunk")
                 return chunk
-            if kind == CONTENT and not op.finished:  # chunks a closed stream still hands out are not recorded
+            if kind == CONTENT:
                 now = clock()
                 if op.last_content_ns:
                     gaps.append(now - op.last_content_ns)

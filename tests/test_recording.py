@@ -32,7 +32,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 from otel_llm import _recording
 from otel_llm import _semconv as sc
-from otel_llm._recording import _NO_EXEMPLAR, Batch, Histogram, flush_all
+from otel_llm._recording import _NO_EXEMPLAR, Batch, Histogram, Series, flush_all
 
 ATTRIBUTES = [{sc.REQUEST_MODEL: model, sc.SERVER_PORT: 443} for model in ("a", "b")]
 TIME = 1_700_000_000_000_000_000
@@ -532,6 +532,68 @@ def test_a_collection_waits_for_a_full_batch_another_thread_is_adding(monkeypatc
     exported = {point[0][sc.REQUEST_MODEL]: point[1] for point in points(reader)}
     filling.join()
     assert exported == {"a": 2, "b": 2 + Batch.LIMIT}
+
+
+@contextlib.contextmanager
+def adding_held(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The first flush to add a series' values stops there until the block ends: another thread's flush, caught
+    between taking what waits and adding it, when len(batch) already reads 0."""
+    add_batch, adding, release = Series._add_batch, threading.Event(), threading.Event()
+
+    def held(series: Any, values: Any, offers: Any) -> None:
+        if not adding.is_set():
+            adding.set()
+            release.wait(5)
+        add_batch(series, values, offers)
+
+    monkeypatch.setattr(Series, "_add_batch", held)
+    yield adding
+    release.set()
+
+
+def test_gaps_with_a_dropped_value_wait_for_another_threads_flush(monkeypatch: pytest.MonkeyPatch) -> None:
+    older, newer = span_context(), span_context()
+    public, direct = InMemoryMetricReader(), InMemoryMetricReader()
+    public_histogram = sdk_histogram(public)
+    histogram = our_histogram(direct)
+    series = histogram.series(ATTRIBUTES[0])
+    for value in (0.01, 0.3):
+        public_histogram.record(value, ATTRIBUTES[0], context=older)
+        series.record(value, TIME, older)
+    public_histogram.record(0.3, ATTRIBUTES[0], context=newer)  # the -5 ns gap is dropped
+    with adding_held(monkeypatch) as adding:
+        flushing = threading.Thread(target=histogram._batch.flush)
+        flushing.start()
+        assert adding.wait(5)
+        gaps = threading.Thread(target=series.record_ns, args=([-5, 300_000_000], TIME, newer, 300_000_000))
+        gaps.start()
+        gaps.join(0.2)
+        assert gaps.is_alive()  # behind the older value, which is still going in
+    flushing.join(5)
+    gaps.join(5)
+    assert points(direct) == points(public)  # the newer value's exemplar is the bucket's last
+
+
+def test_a_reader_added_during_another_threads_flush_gets_none_of_its_values(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    first, second = InMemoryMetricReader(), InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[first])
+    histogram = direct_histogram(provider.get_meter("t"))
+    series = histogram.series(ATTRIBUTES[0])
+    series.record(0.01, TIME)
+    series.record(0.01, TIME)  # waits
+    with adding_held(monkeypatch) as adding:
+        flushing = threading.Thread(target=histogram._batch.flush)
+        flushing.start()
+        assert adding.wait(5)
+        provider.add_metric_reader(second)
+        later = threading.Thread(target=series.record, args=(0.02, TIME))
+        later.start()
+        later.join(0.2)
+    flushing.join(5)
+    later.join(5)
+    assert points(first)[0][1] == 3
+    assert points(second)[0][1] == 1
 
 
 def test_values_waiting_outlive_everything_but_the_reader() -> None:
