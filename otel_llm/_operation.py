@@ -91,11 +91,13 @@ class Operation(_WeaklyReferable):
             return False
         self.finished = True
         self.end_ns = end_ns
-        if self.gaps_ns:
-            # a copy: chunks a closed stream still hands out (close() in the caller's loop, or on another thread)
-            # go on into the stream's own array, not into this operation's record
+        if self.gaps_ns is not None:
+            # A closed stream may still hand out chunks it had decoded (close() in the caller's loop, or on another
+            # thread): the stream's step leaves the operation alone once it is finished, and a gap it appends in
+            # between goes into the stream's own array, not into this copy that is written and recorded.
             self.gaps_ns = self.gaps_ns[:]
-            self.max_gap_ns = max(self.gaps_ns)
+            if self.gaps_ns:
+                self.max_gap_ns = max(self.gaps_ns)
         if error_type is not None and self.error_type is None:
             self.error_type = error_type
         return True

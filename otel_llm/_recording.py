@@ -403,7 +403,7 @@ class Series:
     def _resolve(self) -> None:
         """After a public record: the aggregations it used for this series, where adding to them directly is safe."""
         consumer = self._owner._consumer
-        if consumer is None:
+        if consumer is None or not self._owner._histogram._is_enabled():  # disabled: nothing to add to for now
             return
         try:
             storages = consumer._reader_storages

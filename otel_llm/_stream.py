@@ -59,7 +59,7 @@ def _sync_step(next_chunk: Callable[[], Any], observe: Observe, read_error: Read
             except Exception:
                 report_failure("stream chunk")
                 return chunk
-            if kind == CONTENT:
+            if kind == CONTENT and not op.finished:  # a closed stream's leftovers are the caller's alone
                 now = clock()
                 if op.last_content_ns:
                     gaps.append(now - op.last_content_ns)
@@ -92,7 +92,7 @@ def _async_step(next_chunk: Callable[[], Awaitable[Any]], observe: Observe, read
             except Exception:
                 report_failure("stream chunk")
                 return chunk
-            if kind == CONTENT:
+            if kind == CONTENT and not op.finished:  # a closed stream's leftovers are the caller's alone
                 now = clock()
                 if op.last_content_ns:
                     gaps.append(now - op.last_content_ns)

@@ -346,17 +346,26 @@ def test_a_reader_added_later_sees_every_value_after_it(record: Any, record_ns: 
 
 
 @RECORDS
-def test_a_disabled_meter_records_nothing(record: Any, record_ns: Any) -> None:
+def test_a_disabled_meter_records_nothing(record: Any, record_ns: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """And costs one flush (what waited goes in), not one per record."""
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
     series = direct_histogram(provider.get_meter("t")).series(ATTRIBUTES[0])
     record(series, 0.01)
     record(series, 0.01)  # waits
+    flushes = []
+    flush = Batch.flush
+    monkeypatch.setattr(Batch, "flush", lambda batch: (flushes.append(1), flush(batch))[1])
     provider._set_meter_configurator(meter_configurator=_disable_meter_configurator)
-    record(series, 0.02)
-    record_ns(series, [20_000_000])
+    for _ in range(5):
+        record(series, 0.02)
+        record_ns(series, [20_000_000])
+    assert len(flushes) == 1
     provider._set_meter_configurator(meter_configurator=_default_meter_configurator)
     assert points(reader)[0][1] == 2
+    record(series, 0.03)
+    record(series, 0.03)
+    assert points(reader)[0][1] == 4
 
 
 def test_values_the_sdk_refuses_are_refused_the_same_way() -> None:

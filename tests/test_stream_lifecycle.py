@@ -192,8 +192,12 @@ def test_a_pending_read_closed_by_the_garbage_collector_is_written_later() -> No
         yield
 
     class Chunks:
+        reads = 0
+
         async def __anext__(self) -> str:
-            await waiting()
+            self.reads += 1
+            if self.reads == 1:
+                await waiting()
             return "chunk"
 
     request = Request(operation="chat", provider="openai", model="m", server_address=None, server_port=None,
@@ -207,9 +211,16 @@ def test_a_pending_read_closed_by_the_garbage_collector_is_written_later() -> No
     del pending, cycle
     gc.collect()
     assert exporter.get_finished_spans() == ()
+
+    async def read_on() -> None:  # what the caller reads after the close is not the operation's
+        for _ in range(3):
+            assert await proxy.__anext__() == "chunk"
+
+    asyncio.run(read_on())
     data = reader.get_metrics_data()  # the next collection
     assert [dict(span.attributes or {}).get(sc.ERROR_TYPE) for span in exporter.get_finished_spans()] == [
         "GeneratorExit"]
+    assert dict(exporter.get_finished_spans()[0].attributes or {})[sc.CONTENT_CHUNKS] == 0
     assert data is not None and any(metric.name == sc.STABLE_NAMES.duration.name
                                     for resource in data.resource_metrics for scope in resource.scope_metrics
                                     for metric in scope.metrics)
@@ -235,6 +246,39 @@ def test_a_with_block_closed_by_the_garbage_collector_is_written_later(otel: Cap
     assert otel.spans() == []
     otel.metrics()  # the next collection writes it
     otel.assert_finished(sc.ERROR_CANCELLED)
+
+
+@pytest.mark.parametrize("read", [0, 1, 3])
+def test_a_stream_closed_by_the_garbage_collector_and_read_on_is_written_as_it_was_closed(
+        otel: Captured, read: int) -> None:
+    """Written later (at the next collection), while the caller went on reading what the client had decoded: what
+    it reads after the close is not the operation's."""
+    client, _ = sync_client(server())
+    streams = []
+
+    def chunks() -> Any:
+        with client.chat.completions.create(model="m", messages=MESSAGES, stream=True) as stream:
+            streams.append(stream)
+            yield from stream
+
+    reading = chunks()
+    for _ in range(1 + read):  # the role chunk, then content
+        next(reading)
+    cycle: list[Any] = [reading]
+    cycle.append(cycle)
+    del reading, cycle
+    gc.collect()
+    rest = list(streams[0])
+    assert rest and all(chunk.choices for chunk in rest)
+    gaps = otel.points(sc.STABLE_NAMES.time_per_output_chunk.name)  # the collection that writes it
+    otel.assert_finished(sc.ERROR_CANCELLED)
+    span = otel.span()
+    attrs = attributes(span)
+    assert attrs[sc.CONTENT_CHUNKS] == read
+    assert sum(point.count for point in gaps) == max(read - 1, 0)
+    assert (sc.RESPONSE_TIME_TO_FIRST_CHUNK in attrs) == (read > 0)
+    assert attrs.get(sc.RESPONSE_TIME_TO_FIRST_CHUNK, 0) <= (span.end_time - span.start_time) / 1e9
+    assert (sc.MAX_CHUNK_GAP in attrs) == (read > 1)
 
 
 def test_calls_on_other_threads_are_written_while_a_collection_runs(otel: Captured) -> None:
