@@ -7,7 +7,7 @@ Provider adapters fill it in; the telemetry core turns it into one span and its 
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
@@ -79,6 +79,17 @@ class Operation(_WeaklyReferable):
     @property
     def content_chunks(self) -> int:
         return len(self.gaps_ns) + 1 if self.first_content_ns and self.gaps_ns is not None else 0
+
+    def snapshot(self) -> Operation:
+        """A copy for a write that comes later (see ``Telemetry.finish``): a caller may still read a closed stream,
+        and what the adapter notes from those chunks must not reach the operation as it was closed."""
+        copy = replace(self)
+        copy.finish_reasons = list(self.finish_reasons)
+        copy.rate_limits = dict(self.rate_limits)
+        copy.attributes = dict(self.attributes)
+        if self.output_text is not None:
+            copy.output_text = list(self.output_text)
+        return copy
 
     def last_activity(self) -> int:
         """When the operation was last seen doing something: where an abandoned stream ends."""

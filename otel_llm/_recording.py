@@ -363,7 +363,8 @@ class Series:
                 return aggregations
             # what waits, or is being added on another thread, belongs to these aggregations
             self._owner._batch.flush()
-            self._aggregations = ()  # readers changed, the path is off, or the meter is disabled: look again
+            # readers changed, the path is off, or the meter is disabled: look again, and no value waits meanwhile
+            self._aggregations, self._batched = (), False
         return ()
 
     def _offers(self, values: Sequence[float], time_ns: int, context: Context | None,

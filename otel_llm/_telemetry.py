@@ -117,7 +117,7 @@ class Telemetry:
         if not op.close(time.perf_counter_ns() if end_ns is None else end_ns, error_type):
             return
         if _collector is not None and _collector == threading.get_ident():
-            _LATER.append((self, op, error if isinstance(error, BaseException) else None))
+            _LATER.append((self, op.snapshot(), error if isinstance(error, BaseException) else None))
             return
         if _LATER:
             write_later()

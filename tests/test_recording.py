@@ -346,26 +346,46 @@ def test_a_reader_added_later_sees_every_value_after_it(record: Any, record_ns: 
 
 
 @RECORDS
-def test_a_disabled_meter_records_nothing(record: Any, record_ns: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """And costs one flush (what waited goes in), not one per record."""
-    reader = InMemoryMetricReader()
-    provider = MeterProvider(metric_readers=[reader])
+def test_a_disabled_meter_records_nothing_and_takes_values_again_once_enabled(
+        record: Any, record_ns: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Disabled, it costs one flush (what waited goes in), not one per record; enabled again, values wait again,
+    with their exemplars, and a reader added then sees only what came after it."""
+    context = span_context()
+    public_provider = MeterProvider(metric_readers=[public := InMemoryMetricReader()])
+    public_histogram = public_provider.get_meter("t").create_histogram(
+        "h", unit="s", explicit_bucket_boundaries_advisory=list(sc.CHUNK_BUCKETS))
+    provider = MeterProvider(metric_readers=[direct := InMemoryMetricReader()])
     series = direct_histogram(provider.get_meter("t")).series(ATTRIBUTES[0])
-    record(series, 0.01)
-    record(series, 0.01)  # waits
+
+    def both(value: float) -> None:
+        public_histogram.record(value, ATTRIBUTES[0], context=context)
+        record(series, value, context)
+
+    def configure(configurator: Any) -> None:
+        for one in (public_provider, provider):
+            one._set_meter_configurator(meter_configurator=configurator)
+
+    both(0.01)
+    both(0.02)  # waits
     flushes = []
     flush = Batch.flush
     monkeypatch.setattr(Batch, "flush", lambda batch: (flushes.append(1), flush(batch))[1])
-    provider._set_meter_configurator(meter_configurator=_disable_meter_configurator)
+    configure(_disable_meter_configurator)
     for _ in range(5):
-        record(series, 0.02)
+        both(0.03)
         record_ns(series, [20_000_000])
     assert len(flushes) == 1
-    provider._set_meter_configurator(meter_configurator=_default_meter_configurator)
-    assert points(reader)[0][1] == 2
-    record(series, 0.03)
-    record(series, 0.03)
-    assert points(reader)[0][1] == 4
+    configure(_default_meter_configurator)
+    for value in (0.04, 0.3, 0.05):
+        both(value)
+    assert series._batched  # waiting again
+    later, public_later = InMemoryMetricReader(), InMemoryMetricReader()
+    provider.add_metric_reader(later)
+    public_provider.add_metric_reader(public_later)
+    both(0.06)
+    assert points(direct) == points(public)
+    assert points(later) == points(public_later)
+    assert points(later)[0][1] == 1
 
 
 def test_values_the_sdk_refuses_are_refused_the_same_way() -> None:

@@ -279,6 +279,8 @@ def test_a_stream_closed_by_the_garbage_collector_and_read_on_is_written_as_it_w
     assert (sc.RESPONSE_TIME_TO_FIRST_CHUNK in attrs) == (read > 0)
     assert attrs.get(sc.RESPONSE_TIME_TO_FIRST_CHUNK, 0) <= (span.end_time - span.start_time) / 1e9
     assert (sc.MAX_CHUNK_GAP in attrs) == (read > 1)
+    # nor what the chunks after it told: the finish reason and the usage came after the close
+    assert sc.RESPONSE_FINISH_REASONS not in attrs and sc.USAGE_OUTPUT_TOKENS not in attrs
 
 
 def test_calls_on_other_threads_are_written_while_a_collection_runs(otel: Captured) -> None:
