@@ -363,8 +363,10 @@ class Series:
                 return aggregations
             # what waits, or is being added on another thread, belongs to these aggregations
             self._owner._batch.flush()
-            # readers changed, the path is off, or the meter is disabled: look again, and no value waits meanwhile
-            self._aggregations, self._batched = (), False
+            # readers changed, the path is off, or the meter is disabled: look again, and no value waits meanwhile;
+            # unless another thread has bound the series anew since this one looked
+            if self._aggregations is aggregations:
+                self._aggregations, self._batched = (), False
         return ()
 
     def _offers(self, values: Sequence[float], time_ns: int, context: Context | None,

@@ -625,6 +625,59 @@ def test_a_reader_added_during_another_threads_flush_gets_none_of_its_values(
     assert points(second)[0][1] == 1
 
 
+def test_a_series_bound_anew_by_one_thread_is_not_unbound_by_another(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader is added. Thread A sees it, flushes, and is held before it unbinds the series; meanwhile this thread
+    binds it to the new readers and an operation's value waits in the batch. A must leave that binding be: cleared,
+    the waiting value would go in without its exemplar."""
+    context = span_context()
+    public_provider = MeterProvider(metric_readers=[public := InMemoryMetricReader()])
+    public_histogram = public_provider.get_meter("t").create_histogram(
+        "h", unit="s", explicit_bucket_boundaries_advisory=list(sc.CHUNK_BUCKETS))
+    provider = MeterProvider(metric_readers=[direct := InMemoryMetricReader()])
+    histogram = direct_histogram(provider.get_meter("t"))
+    series = histogram.series(ATTRIBUTES[0])
+    for value in (0.02, 0.03):
+        public_histogram.record(value, ATTRIBUTES[0], context=context)
+        series.record(value, TIME, context)
+    public_provider.add_metric_reader(public_later := InMemoryMetricReader())
+    provider.add_metric_reader(later := InMemoryMetricReader())
+    flush, flushed, go = Batch.flush, threading.Event(), threading.Event()
+
+    def held(batch: Batch) -> None:
+        flush(batch)
+        if threading.current_thread().name == "A" and not go.is_set():
+            flushed.set()
+            go.wait(5)
+
+    sdk_histogram, recording, go_on = histogram._histogram, threading.Event(), threading.Event()
+    sdk_record = type(sdk_histogram).record
+
+    def held_record(value: float, attributes: Any = None, context: Any = None) -> None:
+        if threading.current_thread().name == "A" and not go_on.is_set():
+            recording.set()
+            go_on.wait(5)
+        sdk_record(sdk_histogram, value, attributes, context=context)
+
+    monkeypatch.setattr(Batch, "flush", held)
+    monkeypatch.setattr(sdk_histogram, "record", held_record)
+    unbinding = threading.Thread(target=series.record, args=(0.004, TIME), name="A")
+    unbinding.start()
+    assert flushed.wait(5)
+    public_histogram.record(0.2, ATTRIBUTES[0], context=_NO_EXEMPLAR)
+    series.record(0.2, TIME)  # binds the series to both readers
+    public_histogram.record(0.3, ATTRIBUTES[0], context=context)
+    histogram._batch.record([(series, 0.3, True)], TIME, context)  # waits
+    go.set()
+    assert recording.wait(5)  # A is about to record its value the public way
+    assert points(direct) == points(public)  # a collection now: the waiting value with its exemplar
+    assert points(later) == points(public_later)
+    go_on.set()
+    unbinding.join(5)
+    public_histogram.record(0.004, ATTRIBUTES[0], context=_NO_EXEMPLAR)
+    assert points(direct) == points(public)
+    assert points(later) == points(public_later)
+
+
 def test_values_waiting_outlive_everything_but_the_reader() -> None:
     """A batch is held while values wait in it, even once its meter, its histograms and its handles are gone."""
     reader = InMemoryMetricReader()
