@@ -246,6 +246,32 @@ def test_a_filter_of_its_own_sees_the_context_recorded_with(record: Any, record_
     assert len(found[0][6]) == 3  # the debug requests'
 
 
+class _Failing(TraceBasedExemplarFilter):
+    def should_sample(self, value: float, time_unix_nano: int, attributes: Any, context: Any) -> bool:
+        if value == 0.666:
+            raise RuntimeError("filter failure")
+        return super().should_sample(value, time_unix_nano, attributes, context)
+
+
+def test_a_filter_that_raises_costs_the_value_it_raised_on_as_with_the_sdk() -> None:
+    """Not the values of other operations waiting beside it: such a filter is asked at once, as the SDK asks it."""
+    context = span_context()
+    public, direct = InMemoryMetricReader(), InMemoryMetricReader()
+    public_histogram = sdk_histogram(public, exemplar_filter=_Failing())
+    histogram = our_histogram(direct, exemplar_filter=_Failing())
+    series = [histogram.series(attributes) for attributes in ATTRIBUTES]
+    for _ in range(20):
+        public_histogram.record(0.2, ATTRIBUTES[0], context=context)
+        public_histogram.record(0.3, ATTRIBUTES[1], context=_NO_EXEMPLAR)
+        histogram._batch.record([(series[0], 0.2, True), (series[1], 0.3, False)], TIME, context)
+    with pytest.raises(RuntimeError):
+        public_histogram.record(0.666, ATTRIBUTES[0], context=context)
+    with pytest.raises(RuntimeError):
+        histogram._batch.record([(series[0], 0.666, True)], TIME, context)
+    assert points(direct) == points(public)
+    assert [point[1] for point in points(direct)] == [20, 20]
+
+
 @RECORDS
 def test_a_span_context_that_is_not_valid_but_sampled_links_as_the_sdk_links_it(record: Any, record_ns: Any) -> None:
     odd = trace.set_span_in_context(trace.NonRecordingSpan(
