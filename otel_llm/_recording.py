@@ -286,13 +286,12 @@ class Series:
             return
         aggregations = self._direct()
         if aggregations and min(values_ns) >= 0:
-            seconds = list(map(truediv, values_ns, repeat(_NS, len(values_ns))))
-            exemplar = exemplar_ns / _NS if exemplar_ns >= 0 else None
             if self._batched:
                 self._owner._batch._put(((), ((self, values_ns, exemplar_ns),), time_ns, _span_context(context)),
                                         len(values_ns))
                 return
-            if self._add_now(aggregations, seconds, time_ns, context, exemplar):
+            seconds = list(map(truediv, values_ns, repeat(_NS, len(values_ns))))
+            if self._add_now(aggregations, seconds, time_ns, context, exemplar_ns / _NS if exemplar_ns >= 0 else None):
                 return
         if aggregations:  # a value the public API drops: the others go in after what waits (or is being added on
             self._owner._batch.flush()  # another thread, which a look at len() would miss), as recorded
@@ -302,14 +301,6 @@ class Series:
             if value == exemplar_ns:
                 exemplar_ns = -1
         self._resolve()
-
-    def _exemplar(self, value: float | None, time_ns: int,
-                  context: Context | None) -> tuple[float, int, Context] | None:
-        """Under a filter that samples only values recorded with a sampled span: the one value that can be offered,
-        if it is."""
-        if value is None or context is None or not self._filter.should_sample(value, time_ns, self.attributes, context):
-            return None
-        return value, time_ns, context
 
     def _add_now(self, aggregations: tuple[Any, ...], values: Sequence[float], time_ns: int, context: Context | None,
                  exemplar: float | None) -> bool:
@@ -373,10 +364,11 @@ class Series:
                 exemplar: float | None) -> list[tuple[float, Context]]:
         """The values the exemplar filter samples, in order, each with its context: the first value equal to
         ``exemplar`` carries ``context``, the others none, as the public API would see them."""
-        if self._context_only:  # only a value recorded with a sampled span can be sampled
-            offer = self._exemplar(exemplar, time_ns, context)
-            return [] if offer is None else [(offer[0], offer[2])]
         should_sample, attributes = self._filter.should_sample, self.attributes
+        if self._context_only:  # only a value recorded with a sampled span can be sampled
+            if exemplar is None or context is None or not should_sample(exemplar, time_ns, attributes, context):
+                return []
+            return [(exemplar, context)]
         offers = []
         for value in values:  # a filter that may sample any value: each, as the public API would
             value_context = _NO_EXEMPLAR

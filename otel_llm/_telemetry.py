@@ -109,19 +109,21 @@ class Telemetry:
         """End the operation exactly once: ERROR status and error.type are set before the span ends. On the garbage
         collector's stack (a finalizer, a generator or coroutine it closes, a ``with`` exit in one): ended now,
         written by the next operation or collection, as ``abandon`` does."""
+        exception: BaseException | None = None
         error_type: str | None
         if isinstance(error, BaseException):
+            exception = error
             error_type = sc.ERROR_CANCELLED if isinstance(error, asyncio.CancelledError) else type(error).__name__
         else:
             error_type = error
         if not op.close(time.perf_counter_ns() if end_ns is None else end_ns, error_type):
             return
         if _collector is not None and _collector == threading.get_ident():
-            _LATER.append((self, op.snapshot(), error if isinstance(error, BaseException) else None))
+            _LATER.append((self, op.snapshot(), exception))
             return
         if _LATER:
             write_later()
-        self._write(op, error if isinstance(error, BaseException) else None)
+        self._write(op, exception)
 
     def abandon(self, op: Operation) -> None:
         """End an operation nobody finished, from a garbage collector's finalizer: where activity was last seen,
