@@ -170,9 +170,10 @@ def span_stand_in() -> Callable[[Telemetry], Wrapper]:
 def _begin(telemetry: Telemetry, endpoint: Endpoint, instance: Any,
            kwargs: dict[str, Any]) -> tuple[Operation, dict[str, Any]] | None:
     """The operation and the kwargs to call with; None to call as if we were not there: inside OpenTelemetry's
-    ``suppress_instrumentation()``, or when describing the request failed."""
+    ``suppress_instrumentation()``, through a wrapper uninstrument() removed (a bound method the application or the
+    client kept), or when describing the request failed."""
     try:
-        if not is_instrumentation_enabled():
+        if telemetry.retired or not is_instrumentation_enabled():
             return None
         op = telemetry.begin(endpoint.describe(instance, kwargs, telemetry.settings))
         return op, endpoint.prepare(op, kwargs, telemetry.settings)

@@ -92,6 +92,8 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
     def _uninstrument(self, **kwargs: Any) -> None:
         self._generation += 1
+        if self._telemetry is not None:
+            self._telemetry.retired = True
         self._telemetry = None
         self._patches.remove()
 

@@ -44,6 +44,9 @@ _NS = 1e9
 class Telemetry:
     def __init__(self, tracer: Tracer, meter: Meter, settings: Settings, logger: Logger | None = None) -> None:
         self.settings = settings
+        # set by uninstrument(): wrappers still held somewhere (bound methods, the client's raw-response
+        # accessors) then call straight through
+        self.retired = False
         self._tracer = tracer
         self._logger = logger if settings.capture_content.on_event else None
         self._gap_rate = settings.chunk_gap_sample_rate

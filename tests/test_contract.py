@@ -218,6 +218,33 @@ def test_instrument_twice_is_a_no_op_and_uninstrument_restores_exactly(instrumen
     assert len(captured.spans()) == 1
 
 
+def test_methods_taken_while_instrumented_go_through_untouched_after_uninstrument(instrument: Instrument) -> None:
+    """A bound method kept by the application, and the SDK's with_raw_response / with_streaming_response accessors
+    (which keep the bound method they saw when first used), hold our wrapper: after uninstrument() it must do
+    nothing, and after instrument() again it must not record twice."""
+    captured = instrument()
+    client, _ = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
+    completions = client.chat.completions
+    create, raw, streaming = completions.create, completions.with_raw_response, completions.with_streaming_response
+
+    def call_each() -> None:
+        create(model="m", messages=MESSAGES)
+        raw.create(model="m", messages=MESSAGES).parse()
+        with streaming.create(model="m", messages=MESSAGES) as response:
+            response.parse()
+
+    call_each()
+    assert len(captured.spans()) == 3
+    otel_llm.uninstrument()
+    call_each()
+    assert len(captured.spans()) == 3
+    again = instrument()
+    call_each()
+    completions.create(model="m", messages=MESSAGES)
+    assert len(captured.spans()) == 3
+    assert len(again.spans()) == 1
+
+
 def test_instrument_again_on_the_same_providers_exports_every_value() -> None:
     """The SDK hands back instruments already made under a name and drops the callbacks of the new ones: what the
     second instrument() records must still reach the reader, rate-limit headroom included."""
