@@ -353,11 +353,15 @@ def write_later() -> None:
 
 
 def _shared(meter: Meter, names: sc.MetricNames) -> _Shared:
-    if not isinstance(meter, SdkMeter):  # the API's proxy meter (a new one per get_meter, all kept by its
-        return _Shared(meter, names)  # provider) or another SDK's: its own, as before
     found = _SHARED.get(meter)
     if found is None:
         found = _SHARED[meter] = _Shared(meter, names)
+        if isinstance(meter, SdkMeter):
+            # The API's proxy meter (a new one per get_meter, each kept by its provider) made its gauges on this
+            # meter when the application set it: the SDK keeps those and dropped ours, so ours read their values.
+            behind = [shared for proxy, shared in _SHARED.items() if getattr(proxy, "_real_meter", None) is meter]
+            if behind:
+                found.remaining, found.limits = behind[0].remaining, behind[0].limits
     return found
 
 

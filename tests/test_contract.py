@@ -268,7 +268,8 @@ def test_instrument_again_on_the_same_providers_exports_every_value() -> None:
 
 def test_values_recorded_after_a_proxy_meter_provider_round_reach_the_reader() -> None:
     """instrument() given the API's proxy provider, the application sets the real one, then instrument() again on
-    it: the SDK keeps the gauges the proxy forwarded and drops ours, and still every value is exported."""
+    it: the SDK keeps the gauges the proxy forwarded and drops ours, and still every value is exported, the latest
+    rate-limit headroom included."""
     program = textwrap.dedent("""
         import openai, wire
         from opentelemetry import metrics
@@ -278,7 +279,9 @@ def test_values_recorded_after_a_proxy_meter_provider_round_reach_the_reader() -
         import otel_llm
 
         def calls(count):
-            http, _ = wire.mock_client([wire.Reply.json(wire.chat_completion_body("pq"))] * count)
+            headers = wire.openai_ratelimit_headers(500, 500 - count, 9000, 8000)
+            reply = wire.Reply.json(wire.chat_completion_body("pq"), headers=headers)
+            http, _ = wire.mock_client([reply] * count)
             client = openai.OpenAI(api_key="k", http_client=http, max_retries=0)
             for _ in range(count):
                 client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
@@ -293,14 +296,16 @@ def test_values_recorded_after_a_proxy_meter_provider_round_reach_the_reader() -
         otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=real)
         calls(5)
         data = reader.get_metrics_data()
-        print(sum(point.count for resource in data.resource_metrics for scope in resource.scope_metrics
-                  for metric in scope.metrics if metric.name == "gen_ai.client.operation.duration"
-                  for point in metric.data.data_points))
+        points = {metric.name: list(metric.data.data_points) for resource in data.resource_metrics
+                  for scope in resource.scope_metrics for metric in scope.metrics}
+        print(sum(point.count for point in points["gen_ai.client.operation.duration"]),
+              [point.value for point in points["otel_llm.client.rate_limit.remaining"]
+               if point.attributes["otel_llm.rate_limit.resource"] == "requests"])
     """)
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,
                             cwd=Path(__file__).parent)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["8"]
+    assert result.stdout.split() == ["8", "[495.0]"]
 
 
 def test_uninstrument_lets_go_of_its_telemetry_with_clients_never_imported() -> None:
