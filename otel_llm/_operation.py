@@ -50,6 +50,9 @@ class Operation(_WeaklyReferable):
     gaps_ns: array[int] | None = None
     record_gaps: bool = False  # this stream's gaps go to the chunk gap histogram (OTEL_LLM_CHUNK_GAP_SAMPLE_RATE)
     max_gap_ns: int = 0  # worked out at the finish
+    # when a chunk told the response is complete (a final event, every choice finished): the caller stopping the
+    # stream after it (break, close, with exit, dropping it) ends the operation there, without error
+    done_ns: int = 0
     # the caller asked for no usage chunk; we did, so it must not reach the caller
     hide_usage_chunk: bool = False
     # the adapter's way to take that chunk out before the client parses it, installed when the output finishes
@@ -63,6 +66,7 @@ class Operation(_WeaklyReferable):
     cache_read_tokens: int | None = None
     cache_creation_tokens: int | None = None
     reasoning_tokens: int | None = None
+    reasoning_streamed: bool = False  # reasoning text came in the stream: its tokens are among those streamed
     output_text: list[str] | None = None
     retries: int = 0
     retry_after: float | None = None
@@ -94,6 +98,14 @@ class Operation(_WeaklyReferable):
     def last_activity(self) -> int:
         """When the operation was last seen doing something: where an abandoned stream ends."""
         return max(self.last_activity_ns, self.last_content_ns)
+
+    def stopped_by_caller(self, now_ns: int, error_type: str) -> tuple[int, str | None]:
+        """Where, and with what error type, an operation ends that the caller stopped before its end: a response
+        already complete ends where it completed, without error; any other at ``now_ns`` with ``error_type``
+        (cancelled, abandoned)."""
+        if self.done_ns:
+            return self.done_ns, None
+        return now_ns, error_type
 
     def close(self, end_ns: int, error_type: str | None) -> bool:
         """Mark the operation finished; True only the first time, so every operation finishes exactly once. An error

@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 OTHER = 0  # no output in it (role-only, message_start, response.created, a finish or usage chunk, ...)
 CONTENT = 1  # carries output: text, tool-call, reasoning or audio delta
 HIDDEN = 2  # ours: a usage chunk we asked for and the caller did not, so the caller must not see it
+# added to OTHER or CONTENT: the response is complete with this chunk (a final event, every choice finished), so a
+# caller that stops reading here has not cancelled anything (see Operation.done_ns)
+DONE = 4
 Observe = Callable[["Operation", Any], int]
 # (operation, exception) -> None: the adapter names an error the stream raised (error.type), before the finish
 ReadError = Callable[["Operation", BaseException], None]
@@ -68,6 +71,8 @@ def _sync_step(next_chunk: Callable[[], Any], observe: Observe, read_error: Read
                 op.last_content_ns = now
                 return chunk
             if kind != HIDDEN:
+                if kind & DONE and not op.finished:
+                    _done(op, kind, gaps)
                 return chunk
 
     return step
@@ -101,9 +106,23 @@ def _async_step(next_chunk: Callable[[], Awaitable[Any]], observe: Observe, read
                 op.last_content_ns = now
                 return chunk
             if kind != HIDDEN:
+                if kind & DONE and not op.finished:
+                    _done(op, kind, gaps)
                 return chunk
 
     return step
+
+
+def _done(op: Operation, kind: int, gaps: array[int]) -> None:
+    """The chunk that completes the response, with or without output in it: once per stream, off the path above."""
+    now = time.perf_counter_ns()
+    if kind & CONTENT:
+        if op.last_content_ns:
+            gaps.append(now - op.last_content_ns)
+        else:
+            op.first_content_ns = now
+        op.last_content_ns = now
+    op.done_ns = now
 
 
 def _failed(op: Operation, exc: BaseException, read_error: ReadError,
@@ -131,8 +150,11 @@ class _StreamLifecycle(wrapt.ObjectProxy[Any]):
         self._self_telemetry = telemetry
 
     def _self_closed(self) -> None:
-        """The consumer closed the stream; before its end that is a cancellation."""
-        self._self_telemetry.finish(self._self_op, sc.ERROR_CANCELLED)
+        """The consumer closed the stream; before its end, and before the response was complete, that is a
+        cancellation."""
+        op = self._self_op
+        end_ns, error_type = op.stopped_by_caller(time.perf_counter_ns(), sc.ERROR_CANCELLED)
+        self._self_telemetry.finish(op, error_type, end_ns)
 
     def __del__(self) -> None:
         try:
@@ -202,6 +224,9 @@ def closed_by_helper(raw_stream: object) -> None:
 
 
 class _ResponseLifecycle(wrapt.ObjectProxy[Any]):
+    """A raw or streaming response of a Stainless-generated client (openai, anthropic): its HTTP response is
+    ``http_response``."""
+
     def __init__(self, wrapped: Any, op: Operation, telemetry: Telemetry, adopt: Adopt) -> None:
         super().__init__(wrapped)
         self._self_op = op
@@ -236,9 +261,19 @@ class _ResponseLifecycle(wrapt.ObjectProxy[Any]):
         try:
             op = self._self_op
             if not op.finished and self._self_parsed is None:
+                op.done_ns = op.done_ns or self._self_body_read()
                 self._self_telemetry.abandon(op)
         except Exception:
             report_failure("response finalizer")
+
+    def _self_body_read(self) -> int:
+        """When the caller's own reading of the HTTP body ended (its lines to the end: the HTTP library closes
+        the response then, and says how long after sending the request), or 0 if it did not."""
+        http_response = getattr(self.__wrapped__, "http_response", None)
+        if not getattr(http_response, "is_closed", False):
+            return 0
+        elapsed = http_response.elapsed.total_seconds()  # type: ignore[union-attr]
+        return max(self._self_op.last_activity(), self._self_op.start_ns + int(elapsed * 1e9))
 
 
 class ResponseProxy(_ResponseLifecycle):

@@ -130,10 +130,11 @@ class Telemetry:
 
     def abandon(self, op: Operation) -> None:
         """End an operation nobody finished, from a garbage collector's finalizer: where activity was last seen,
-        not at collection time. The collector runs finalizers at any allocation, also where this thread holds a
-        lock of the SDK's or ours, so the span and points are written later, on a clean stack (the next operation
-        or collection). Not at all while the interpreter shuts down: the providers are shut down by then."""
-        if not sys.is_finalizing() and op.close(op.last_activity(), sc.ERROR_ABANDONED):
+        not at collection time (or where its response completed, without error). The collector runs finalizers at
+        any allocation, also where this thread holds a lock of the SDK's or ours, so the span and points are written
+        later, on a clean stack (the next operation or collection). Not at all while the interpreter shuts down:
+        the providers are shut down by then."""
+        if not sys.is_finalizing() and op.close(*op.stopped_by_caller(op.last_activity(), sc.ERROR_ABANDONED)):
             _LATER.append((self, op, None))
 
     def _write(self, op: Operation, exception: BaseException | None) -> None:
@@ -427,8 +428,11 @@ def _identity(request: Request) -> dict[str, Any]:
 
 
 def _time_per_output_token(op: Operation) -> float | None:
-    """True TPOT: the spread of content chunks over the tokens after the first; unknown without a token count."""
+    """True TPOT: the spread of content chunks over the streamed tokens after the first; unknown without a token
+    count. Reasoning tokens a model keeps to itself (counted in OpenAI's output tokens) never reach the stream."""
     tokens = op.output_tokens
+    if tokens is not None and op.reasoning_tokens and not op.reasoning_streamed:
+        tokens -= op.reasoning_tokens
     if not op.request.stream or tokens is None or tokens < 2 or not op.first_content_ns:
         return None
     return (op.last_content_ns - op.first_content_ns) / _NS / (tokens - 1)

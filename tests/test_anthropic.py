@@ -271,6 +271,25 @@ def test_break_then_close_is_cancelled_and_keeps_what_was_measured(otel: Capture
     assert otel.point(sc.STABLE_NAMES.time_to_first_chunk.name).count == 1
 
 
+@pytest.mark.parametrize("stop_at", ["message_delta", "message_stop"])
+def test_a_caller_that_stops_once_the_message_is_complete_has_not_cancelled(otel: Captured, stop_at: str) -> None:
+    """message_delta carries the stop reason and the final usage; leaving there (or at message_stop) in a with
+    block ends the operation where the message completed, without error."""
+    client, _ = sync_client([text_stream()])
+    start = time.perf_counter()
+    with client.messages.create(**REQUEST, stream=True) as stream:
+        for event in stream:
+            if event.type == stop_at:
+                break
+        time.sleep(0.05)  # the caller's own work after the output: not the operation's
+    elapsed = time.perf_counter() - start
+    otel.assert_finished(None)
+    attrs = attributes(otel.span())
+    assert attrs[sc.USAGE_OUTPUT_TOKENS] == USAGE.output
+    assert attrs[sc.RESPONSE_FINISH_REASONS] == ("end_turn",)
+    assert otel.point(sc.STABLE_NAMES.duration.name).sum < elapsed - 0.04  # ended where the message completed
+
+
 def test_with_block_exit_closes_the_stream(otel: Captured) -> None:
     client, _ = sync_client([text_stream()])
     with client.messages.create(**REQUEST, stream=True) as stream:

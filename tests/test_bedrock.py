@@ -507,6 +507,21 @@ def test_break_then_close_is_cancelled(otel: Captured, call: StreamCall) -> None
 
 
 @pytest.mark.parametrize("call", STREAM_CALLS, ids=stream_ids)
+def test_a_caller_that_stops_at_the_last_event_has_not_cancelled(otel: Captured, call: StreamCall) -> None:
+    """The last event (converse's metadata, invoke's chunk with Bedrock's invocation metrics) completes the
+    response: closing the stream there, without reading on to its end, is no cancellation."""
+    events = call.events(TOKENS, USAGE, None)
+    with bedrock([wb.stream_reply(events)]) as (client, _):
+        stream = call.start(client)[call.key]
+        read = [event for _, event in zip(range(len(events)), stream, strict=False)]
+        stream.close()
+    assert len(read) == len(events)
+    otel.assert_finished(None)
+    attrs = attributes(otel.span())
+    assert attrs[sc.CONTENT_CHUNKS] == 3 and attrs[sc.USAGE_OUTPUT_TOKENS] == USAGE.output
+
+
+@pytest.mark.parametrize("call", STREAM_CALLS, ids=stream_ids)
 def test_exception_event_mid_stream_passes_through_under_its_code(otel: Captured, call: StreamCall) -> None:
     error = wb.exception(call.exception_type, "The model stopped answering.")
     with bedrock([wb.stream_reply(call.events(TOKENS[:2], USAGE, error))]) as (client, _):

@@ -19,7 +19,7 @@ from otel_llm import _semconv as sc
 from otel_llm._operation import Operation
 
 TOKENS = ["Hel", "lo", " world"]
-USAGE = wire.Usage(input=12, output=3, cached=4, reasoning=1)
+USAGE = wire.Usage(input=12, output=4, cached=4, reasoning=1)
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello"}]
 PROMPT_CHARS = len("Be brief.") + len("Say hello")
 # pauses on the wire: before the headers, then before each chunk (role-only, 3 tokens, finish, usage, [DONE])
@@ -80,7 +80,7 @@ def test_streamed_chat_is_one_span_with_latency_and_usage(otel: Captured, is_asy
         sc.RESPONSE_MODEL: wire.CHAT_MODEL,
         sc.RESPONSE_FINISH_REASONS: ("stop",),
         sc.USAGE_INPUT_TOKENS: 12,
-        sc.USAGE_OUTPUT_TOKENS: 3,
+        sc.USAGE_OUTPUT_TOKENS: 4,
         sc.USAGE_CACHE_READ_INPUT_TOKENS: 4,
         sc.USAGE_REASONING_OUTPUT_TOKENS: 1,
         sc.CONTENT_CHUNKS: 3,
@@ -110,7 +110,7 @@ def test_streamed_chat_is_one_span_with_latency_and_usage(otel: Captured, is_asy
     assert tpot.count == 1 and tpot.sum == pytest.approx(timings[sc.TIME_PER_OUTPUT_TOKEN], abs=1e-9)
     usage_name = sc.STABLE_NAMES.token_usage.name  # type: ignore[union-attr]
     assert otel.point(usage_name, gen_ai__token__type="input").sum == 12
-    assert otel.point(usage_name, gen_ai__token__type="output").sum == 3
+    assert otel.point(usage_name, gen_ai__token__type="output").sum == 4
     assert dict(otel.point(usage_name, gen_ai__token__type="output").attributes) == {
         **metric_attrs, sc.TOKEN_TYPE: "output"}
     prompt = otel.point(sc.STABLE_NAMES.prompt_length.name)
@@ -138,7 +138,7 @@ def test_plain_chat_records_duration_and_usage_but_no_stream_metrics(otel: Captu
         sc.RESPONSE_MODEL: wire.CHAT_MODEL,
         sc.RESPONSE_FINISH_REASONS: ("stop",),
         sc.USAGE_INPUT_TOKENS: 12,
-        sc.USAGE_OUTPUT_TOKENS: 3,
+        sc.USAGE_OUTPUT_TOKENS: 4,
         sc.USAGE_CACHE_READ_INPUT_TOKENS: 4,
         sc.USAGE_REASONING_OUTPUT_TOKENS: 1,
     }
@@ -178,9 +178,9 @@ def test_latest_experimental_names_on_opt_in(instrument: Any) -> None:
     assert captured.point(names.duration.name).count == 1
     assert captured.point(names.time_to_first_chunk.name).count == 1
     assert captured.point(names.input_tokens.name).sum == 12  # type: ignore[union-attr]
-    assert captured.point(names.output_tokens.name).sum == 3  # type: ignore[union-attr]
+    assert captured.point(names.output_tokens.name).sum == 4  # type: ignore[union-attr]
     assert captured.point(names.input_token_counter.name).value == 12  # type: ignore[union-attr]
-    assert captured.point(names.output_token_counter.name).value == 3  # type: ignore[union-attr]
+    assert captured.point(names.output_token_counter.name).value == 4  # type: ignore[union-attr]
 
 
 @pytest.fixture
@@ -207,7 +207,7 @@ def test_usage_chunk_we_asked_for_is_read_before_the_client_builds_it(
     assert all(data["choices"] for data in built_by_client)
     attrs = attributes(otel.span())
     assert [attrs[key] for key in (sc.USAGE_INPUT_TOKENS, sc.USAGE_OUTPUT_TOKENS, sc.USAGE_CACHE_READ_INPUT_TOKENS,
-                                   sc.USAGE_REASONING_OUTPUT_TOKENS)] == [12, 3, 4, 1]
+                                   sc.USAGE_REASONING_OUTPUT_TOKENS)] == [12, 4, 4, 1]
 
 
 def test_usage_chunk_with_no_finish_before_it_is_built_by_the_client_and_still_hidden(
@@ -219,7 +219,7 @@ def test_usage_chunk_with_no_finish_before_it_is_built_by_the_client_and_still_h
     assert len(chunks) == 4 and all(chunk.choices for chunk in chunks)
     assert len(built_by_client) == 5
     attrs = attributes(otel.span())
-    assert (attrs[sc.USAGE_INPUT_TOKENS], attrs[sc.USAGE_OUTPUT_TOKENS]) == (12, 3)
+    assert (attrs[sc.USAGE_INPUT_TOKENS], attrs[sc.USAGE_OUTPUT_TOKENS]) == (12, 4)
 
 
 def two_choices_stream() -> list[bytes]:
@@ -253,7 +253,54 @@ def test_chunks_after_the_first_finished_choice_reach_the_caller_unchanged(instr
     assert seen == asked[:-1]
     attrs = attributes(captured.span())
     assert attrs[sc.RESPONSE_FINISH_REASONS] == ("stop", "stop")
-    assert (attrs[sc.USAGE_INPUT_TOKENS], attrs[sc.USAGE_OUTPUT_TOKENS], attrs[sc.CONTENT_CHUNKS]) == (12, 3, 2)
+    assert (attrs[sc.USAGE_INPUT_TOKENS], attrs[sc.USAGE_OUTPUT_TOKENS], attrs[sc.CONTENT_CHUNKS]) == (12, 4, 2)
+
+
+@pytest.mark.parametrize("read, outcome", [(3, sc.ERROR_CANCELLED), (6, None)],
+                         ids=["one of two choices finished", "both finished"])
+def test_a_caller_that_stops_once_every_choice_finished_has_not_cancelled(
+        otel: Captured, read: int, outcome: str | None) -> None:
+    client, _ = sync_client([wire.Reply.stream(two_choices_stream())])
+    with client.chat.completions.create(model="m", messages=MESSAGES, stream=True, n=2) as stream:
+        chunks = [chunk for _, chunk in zip(range(read), stream, strict=False)]
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    otel.assert_finished(outcome)
+
+
+def audio_stream() -> list[bytes]:
+    """modalities=["text", "audio"]: the output comes as transcript and data in delta.audio, content stays null."""
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return wire.sse(wire._chat_chunk("chatcmpl-a", "gpt-4o-audio-preview", [choice], {"usage": None}))
+
+    return [chunk({"role": "assistant", "content": None}), chunk({"audio": {"id": "audio_1", "transcript": "Hel"}}),
+            chunk({"audio": {"data": "UklGRg=="}}), chunk({"audio": {"transcript": "lo", "data": "AAAA"}}),
+            chunk({"audio": {"expires_at": 1735689999}}, "stop"), wire.DONE]
+
+
+def test_audio_deltas_are_output(otel: Captured) -> None:
+    reply = wire.Reply.stream(audio_stream(), delays=[0, 0.03, 0.01, 0.01, 0, 0])
+    chunks, _ = chat(False, [reply], model="gpt-4o-audio-preview", messages=MESSAGES, stream=True,
+                     modalities=["text", "audio"], audio={"voice": "alloy", "format": "pcm16"})
+    assert len(chunks) == 5
+    attrs = attributes(otel.span())
+    assert attrs[sc.CONTENT_CHUNKS] == 3
+    assert 0.03 <= attrs[sc.RESPONSE_TIME_TO_FIRST_CHUNK] < 0.03 + 0.02
+
+
+@pytest.mark.parametrize("streamed_reasoning", [False, True], ids=["hidden reasoning", "streamed reasoning"])
+def test_time_per_output_token_counts_the_tokens_that_were_streamed(otel: Captured, streamed_reasoning: bool) -> None:
+    """OpenAI's reasoning models count reasoning tokens they never stream in the output tokens; compatible servers
+    that stream the reasoning text (reasoning_content) count the tokens they streamed."""
+    usage = wire.Usage(input=10, output=1005 if not streamed_reasoning else 5, reasoning=1000 if not
+                       streamed_reasoning else 2)
+    events = wire.chat_stream(["a", "b", "c", "d", "e"], usage=usage)
+    if streamed_reasoning:  # the first two deltas are reasoning text
+        events[1:3] = [event.replace(b'"content":', b'"reasoning_content":') for event in events[1:3]]
+    reply = wire.Reply.stream(events, delays=[0, 0, 0.01, 0.01, 0.01, 0.01])
+    chat(False, [reply], model="o4-mini", messages=MESSAGES, stream=True)
+    # four gaps of 10 ms between five streamed tokens: 10 ms per token after the first
+    assert attributes(otel.span())[sc.TIME_PER_OUTPUT_TOKEN] == pytest.approx(0.01, abs=0.004)
 
 
 @pytest.mark.parametrize("usage", ['"n/a"', "[1,2]", '{"prompt_tokens":"12","completion_tokens":null}',
@@ -289,7 +336,7 @@ def test_usage_chunk_is_read_however_the_bytes_are_cut(instrument: Any, built_by
     assert read_all() == asked[:-1]
     assert all(data["choices"] for data in built_by_client)
     attrs = attributes(captured.span())
-    assert (attrs[sc.USAGE_INPUT_TOKENS], attrs[sc.USAGE_OUTPUT_TOKENS]) == (12, 3)
+    assert (attrs[sc.USAGE_INPUT_TOKENS], attrs[sc.USAGE_OUTPUT_TOKENS]) == (12, 4)
 
 
 def usage_on_the_finishing_chunk() -> list[bytes]:
@@ -303,7 +350,7 @@ def usage_on_the_finishing_chunk() -> list[bytes]:
 @pytest.mark.parametrize("events, read, outcome", [
     (usage_on_the_finishing_chunk(), None, None),
     (wire.chat_stream(TOKENS), None, None),  # a server that ignored include_usage
-    (wire.chat_stream(TOKENS, usage=USAGE), 5, sc.ERROR_CANCELLED),  # the caller stops at the finish chunk, closes
+    (wire.chat_stream(TOKENS, usage=USAGE), 5, None),  # the caller stops at the finish chunk: complete
 ], ids=["usage on the finishing chunk", "no usage", "caller stopped"])
 def test_a_stream_whose_usage_chunk_never_comes_keeps_nothing_alive(
         otel: Captured, events: list[bytes], read: int | None, outcome: str | None) -> None:
@@ -374,13 +421,17 @@ READ_PATHS = {
 @pytest.mark.parametrize("read", READ_PATHS.values(), ids=READ_PATHS.keys())
 def test_every_way_of_reading_a_stream_gets_what_it_gets_without_us_and_usage_is_lifted(
         instrument: Any, built_by_client: list[Any], read: Any) -> None:
+    """Usage is asked for and lifted out of the stream, except through a raw response: its caller may read the
+    SSE lines, where nothing could take our chunk out (tests/test_openai_variants.py)."""
     without = read(sync_client(openai_server(tokens=TOKENS, usage=USAGE))[0])
     captured = instrument()
     built_by_client.clear()
     assert read(sync_client(openai_server(tokens=TOKENS, usage=USAGE))[0]) == without
     assert all(data["choices"] for data in built_by_client)
     attrs = attributes(captured.span())
-    assert (attrs[sc.USAGE_INPUT_TOKENS], attrs[sc.USAGE_OUTPUT_TOKENS]) == (12, 3)
+    asked = read not in (READ_PATHS["with_raw_response"], READ_PATHS["with_streaming_response"])
+    assert (attrs.get(sc.USAGE_INPUT_TOKENS), attrs.get(sc.USAGE_OUTPUT_TOKENS)) == ((12, 4) if asked else
+                                                                                       (None, None))
 
 
 def test_prompt_length_counts_the_text_of_every_message_shape(otel: Captured) -> None:

@@ -4,6 +4,8 @@ embeddings, and the servers a client can point at (OpenAI-compatible, Azure)."""
 from __future__ import annotations
 
 import asyncio
+import gc
+from typing import Any
 
 import httpx2
 import openai
@@ -38,14 +40,60 @@ def test_raw_response_plain(otel: Captured) -> None:
 
 def test_raw_response_stream_parse_gives_our_stream(otel: Captured) -> None:
     client, _ = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
-    raw = client.chat.completions.with_raw_response.create(model="m", messages=MESSAGES, stream=True)
+    raw = client.chat.completions.with_raw_response.create(model="m", messages=MESSAGES, stream=True,
+                                                            stream_options={"include_usage": True})
     stream = raw.parse()
     assert isinstance(stream, openai.Stream)
     assert raw.parse() is stream  # parse() hands out the same object every time, as the SDK does
-    assert [c.choices[0].delta.content for c in stream] == ["", "x", "y", "z", None]
+    assert [c.choices[0].delta.content if c.choices else "usage" for c in stream] == ["", "x", "y", "z", None,
+                                                                                    "usage"]
     attrs = attributes(otel.span())
     assert attrs[sc.CONTENT_CHUNKS] == 3
     assert attrs[sc.USAGE_OUTPUT_TOKENS] == 3
+
+
+def _raw_lines(resource: Any, **kwargs: Any) -> list[str]:
+    raw = resource.with_raw_response.create(**kwargs)
+    return [line for line in raw.http_response.iter_lines() if line]
+
+
+def _streaming_lines(resource: Any, **kwargs: Any) -> list[str]:
+    with resource.with_streaming_response.create(**kwargs) as response:
+        return [line for line in response.iter_lines() if line]
+
+
+RAW_STREAMS = {"raw": _raw_lines, "streaming": _streaming_lines}
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+@pytest.mark.parametrize("shape", RAW_STREAMS)
+def test_a_raw_stream_goes_out_as_the_caller_made_it(instrument: Any, endpoint: str, shape: str) -> None:
+    """A caller of a raw stream may read its SSE lines, where no usage chunk of ours could be taken out: we ask for
+    no usage there, and the lines are exactly those the server sends without us."""
+    def server(request: wire.RecordedRequest) -> wire.Reply:
+        asked = (request.json.get("stream_options") or {}).get("include_usage") is True
+        usage = USAGE if asked else None
+        if endpoint == "chat":
+            return wire.Reply.stream(wire.chat_stream(TOKENS, usage=usage))
+        return wire.Reply.stream(wire.completion_stream(TOKENS, usage=usage))
+
+    def lines() -> tuple[list[str], Any]:
+        client, recorder = sync_client(server)
+        resource = client.chat.completions if endpoint == "chat" else client.completions
+        kwargs: dict[str, Any] = {"model": "m", "stream": True}
+        kwargs.update({"messages": MESSAGES} if endpoint == "chat" else {"prompt": "hello"})
+        return RAW_STREAMS[shape](resource, **kwargs), recorder.requests[-1].json
+
+    bare, bare_request = lines()
+    otel = instrument()
+    read, request = lines()
+    assert read == bare
+    assert request == bare_request
+    assert "stream_options" not in request
+    gc.collect()  # the raw response read to its end and dropped, never parsed: complete all the same
+    otel.metrics()  # what a finalizer ended is written by the next collection
+    otel.assert_finished(None)
+    assert sc.USAGE_INJECTED not in attributes(otel.span())
 
 
 def test_streaming_response_parse_and_exit(otel: Captured) -> None:
@@ -140,6 +188,67 @@ def test_responses_plain(otel: Captured) -> None:
     assert attrs[sc.REQUEST_STREAM] is False
     assert attrs[sc.PROMPT_LENGTH] == 5
     assert attrs[sc.USAGE_OUTPUT_TOKENS] == 3
+
+
+def _responses_events(*events: tuple[str, dict[str, Any]]) -> list[bytes]:
+    return [wire.sse({"type": kind, "sequence_number": n, **data}, event=kind) for n, (kind, data) in
+            enumerate(events)]
+
+
+def _stop_at_completed_in_a_with_block(client: openai.OpenAI) -> None:
+    with client.responses.create(model="gpt-4.1", input="hello", stream=True) as stream:
+        for event in stream:
+            if event.type == "response.completed":
+                break
+
+
+def _stop_at_completed_and_drop(client: openai.OpenAI) -> None:
+    for event in client.responses.create(model="gpt-4.1", input="hello", stream=True):
+        if event.type == "response.completed":
+            return  # the stream is dropped unclosed
+
+
+def _stop_at_completed_in_the_helper(client: openai.OpenAI) -> None:
+    with client.responses.stream(model="gpt-4.1", input="hello") as stream:
+        for event in stream:
+            if event.type == "response.completed":
+                break
+
+
+@pytest.mark.parametrize("stop", [_stop_at_completed_in_a_with_block, _stop_at_completed_and_drop,
+                                  _stop_at_completed_in_the_helper], ids=["with block", "dropped", "stream() helper"])
+def test_a_responses_caller_that_stops_at_response_completed_has_not_cancelled(otel: Captured, stop: Any) -> None:
+    client, _ = sync_client([wire.Reply.stream(wire.responses_stream(TOKENS, usage=USAGE))])
+    stop(client)
+    gc.collect()
+    otel.metrics()  # a dropped stream is written by the next collection
+    otel.assert_finished(None)
+    attrs = attributes(otel.span())
+    assert attrs[sc.RESPONSE_FINISH_REASONS] == ("completed",)
+    assert attrs[sc.USAGE_OUTPUT_TOKENS] == 3
+
+
+def _failed_response(error: dict[str, Any] | None) -> dict[str, Any]:
+    failed = wire._response("resp_1", "gpt-4.1", "failed", [], None)
+    failed["error"] = error
+    return failed
+
+
+@pytest.mark.parametrize("last, error_type", [
+    (("response.failed", {"response": _failed_response({"code": "server_error", "message": "The model failed"})}),
+     "server_error"),
+    (("response.failed", {"response": _failed_response(None)}), "failed"),
+    (("error", {"code": "rate_limit_exceeded", "message": "Slow down", "param": None}), "rate_limit_exceeded"),
+], ids=["response.failed", "response.failed without a code", "error event"])
+def test_a_responses_stream_the_service_fails_is_an_error(otel: Captured, last: Any, error_type: str) -> None:
+    """The client hands these on as events and raises nothing: the failure is the service's, named by its code."""
+    created = ("response.created", {"response": wire._response("resp_1", "gpt-4.1", "in_progress", [], None)})
+    delta = ("response.output_text.delta", {"item_id": "m", "output_index": 0, "content_index": 0, "delta": "x",
+                                            "logprobs": []})
+    client, _ = sync_client([wire.Reply.stream(_responses_events(created, delta, last))])
+    seen = [event.type for event in client.responses.create(model="gpt-4.1", input="hello", stream=True)]
+    assert seen == ["response.created", "response.output_text.delta", last[0]]
+    otel.assert_finished(error_type)
 
 
 # --- legacy completions and embeddings ------------------------------------------------------------------------

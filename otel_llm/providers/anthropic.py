@@ -43,7 +43,7 @@ from otel_llm._calls import Kind, Wrapper, async_call, span_stand_in, sync_call
 from otel_llm._operation import Request
 from otel_llm._patching import Provider, Target
 from otel_llm._safety import report_failure
-from otel_llm._stream import CONTENT, OTHER
+from otel_llm._stream import CONTENT, DONE, OTHER
 from otel_llm.providers._stainless import ResponseHeaders
 from otel_llm.providers._values import count, field, text_counter
 
@@ -229,9 +229,12 @@ class _Messages:
             op.response_model = message.model
             _read_usage(op, message.usage, final=False)
         elif event == "message_delta":
-            if chunk.delta.stop_reason:
-                op.finish_reasons = [chunk.delta.stop_reason]
             _read_usage(op, chunk.usage, final=True)
+            if chunk.delta.stop_reason:  # output and usage are complete: message_stop alone follows
+                op.finish_reasons = [chunk.delta.stop_reason]
+                return DONE
+        elif event == "message_stop":
+            return DONE
         return OTHER
 
 

@@ -28,7 +28,7 @@ from otel_llm._calls import Kind, hook, sync_call
 from otel_llm._operation import Request
 from otel_llm._patching import Provider, Target
 from otel_llm._safety import report_failure
-from otel_llm._stream import CONTENT, OTHER
+from otel_llm._stream import CONTENT, DONE, OTHER
 from otel_llm.providers._values import count, number, text_counter
 
 if TYPE_CHECKING:
@@ -214,10 +214,12 @@ def _observe_converse_event(op: Operation, event: Mapping[str, Any]) -> int:
         tool = delta.get("toolUse") or {}
         # a reasoning signature alone is not output
         return CONTENT if tool.get("input") or reasoning.get("text") or reasoning.get("redactedContent") else OTHER
-    if "messageStop" in event:
+    if "messageStop" in event:  # the output is complete: the usage in metadata follows
         _note_finish(op, event["messageStop"].get("stopReason"))
-    elif "metadata" in event:
+        return DONE
+    if "metadata" in event:
         _read_converse(op, event["metadata"])
+        return DONE
     return OTHER
 
 
@@ -332,8 +334,9 @@ def _read_payload(op: Operation, payload: object) -> int:
     else:
         kind = _observe_converse_event(op, payload)  # Nova streams converse's events
     metrics = payload.get(_INVOCATION_METRICS)
-    if isinstance(metrics, Mapping):
+    if isinstance(metrics, Mapping):  # Bedrock adds them to a stream's last chunk
         _read_invocation_metrics(op, metrics)
+        kind |= DONE
     return kind
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import openai
 from openai import APIResponse, AsyncAPIResponse, AsyncStream, Stream
+from openai._constants import RAW_RESPONSE_HEADER
 from openai._legacy_response import LegacyAPIResponse
 from openai._streaming import SSEDecoder
 
@@ -22,7 +23,7 @@ from otel_llm._calls import Kind, after, async_call, sync_call
 from otel_llm._operation import Request
 from otel_llm._patching import Provider, Target
 from otel_llm._safety import report_failure
-from otel_llm._stream import CONTENT, HIDDEN, OTHER, closed_by_helper
+from otel_llm._stream import CONTENT, DONE, HIDDEN, OTHER, closed_by_helper
 from otel_llm.providers._stainless import ResponseHeaders
 from otel_llm.providers._values import count, field, number, text_counter
 
@@ -185,7 +186,8 @@ def _usage_chunk(op: Operation, chunk: Any) -> int:
     return HIDDEN if op.hide_usage_chunk else OTHER
 
 
-def _finished(op: Operation, chunk: Any, reason: str) -> None:
+def _finished(op: Operation, chunk: Any, reason: str) -> int:
+    """A choice finished: DONE once every choice asked for has."""
     op.finish_reasons.append(reason)
     if op.usage_lift is not None:
         op.usage_lift.install(op)
@@ -193,6 +195,7 @@ def _finished(op: Operation, chunk: Any, reason: str) -> None:
     # some compatible servers put usage on the finishing chunk instead of a chunk of its own
     if chunk.usage is not None:
         _read_chat_usage(op, chunk.usage)
+    return DONE if len(op.finish_reasons) >= op.request.attributes.get(sc.REQUEST_CHOICE_COUNT, 1) else OTHER
 
 
 def _read_responses_usage(op: Operation, response: Any) -> None:
@@ -206,6 +209,12 @@ def _read_responses_usage(op: Operation, response: Any) -> None:
         op.finish_reasons = [status]
     if response.usage is not None:
         _read_usage(op, response.usage, _RESPONSES_USAGE)
+
+
+def _error_code(error: Any, otherwise: str) -> str:
+    """error.type of a failure the service reported inside a stream: its error code."""
+    code = getattr(error, "code", None)
+    return code if isinstance(code, str) and code else otherwise
 
 
 class _UsageLift:
@@ -287,6 +296,9 @@ class _Endpoint:
             op.output_text = []
         if not (self.stream_usage and op.request.stream and settings.stream_usage):
             return kwargs
+        headers = kwargs.get("extra_headers")
+        if isinstance(headers, Mapping) and RAW_RESPONSE_HEADER in headers:
+            return kwargs  # a raw response: its caller may read the SSE lines, where our chunk could not be hidden
         # The client lays extra_body over the typed arguments: a stream_options there is the one the server gets.
         # We add ours through extra_body too: a stream_options argument would cost the client ~100 us (cold) of
         # transforming its typed parameters, more than everything we do per request.
@@ -348,14 +360,17 @@ class _ChatCompletions(_Endpoint):
         for choice in choices:
             delta = choice.delta
             if delta.content or delta.tool_calls or delta.refusal or delta.function_call:
-                kind = CONTENT
+                kind |= CONTENT
                 if op.output_text is not None and delta.content:
                     op.output_text.append(delta.content)
             elif delta.model_extra and (delta.model_extra.get("reasoning_content")
                                         or delta.model_extra.get("reasoning")):
-                kind = CONTENT  # reasoning deltas of OpenAI-compatible servers (vLLM, DeepSeek, ...)
+                kind |= CONTENT  # reasoning deltas of OpenAI-compatible servers (vLLM, DeepSeek, ...)
+                op.reasoning_streamed = True
+            elif (audio := getattr(delta, "audio", None)) and (field(audio, "transcript") or field(audio, "data")):
+                kind |= CONTENT  # audio output (modalities=["text", "audio"]): transcript and data deltas
             if choice.finish_reason:
-                _finished(op, chunk, choice.finish_reason)
+                kind |= _finished(op, chunk, choice.finish_reason)
         return kind
 
 
@@ -372,10 +387,18 @@ class _Responses(_Endpoint):
         if event in _RESPONSES_CONTENT_EVENTS:
             if op.output_text is not None and event == "response.output_text.delta":
                 op.output_text.append(chunk.delta)
+            elif event == "response.reasoning_text.delta":
+                op.reasoning_streamed = True
             return CONTENT
         if event in _RESPONSES_FINAL_EVENTS:
             _read_responses_usage(op, chunk.response)
-        elif event == "response.created":
+            if event == "response.failed":  # the client hands this on as an event and raises nothing
+                op.error_type = _error_code(getattr(chunk.response, "error", None), "failed")
+            return DONE
+        if event == "error":  # the same: the service's error as an event, then the stream ends
+            op.error_type = _error_code(chunk, "error")
+            return DONE
+        if event == "response.created":
             op.response_id = chunk.response.id
             op.response_model = chunk.response.model
         return OTHER
@@ -398,11 +421,11 @@ class _Completions(_Endpoint):
         kind = OTHER
         for choice in choices:
             if choice.text:
-                kind = CONTENT
+                kind |= CONTENT
                 if op.output_text is not None:
                     op.output_text.append(choice.text)
             if choice.finish_reason:
-                _finished(op, chunk, choice.finish_reason)
+                kind |= _finished(op, chunk, choice.finish_reason)
         return kind
 
 
