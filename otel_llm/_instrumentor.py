@@ -48,18 +48,22 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
     def _instrument(self, **kwargs: Any) -> None:
         settings = load_settings()
-        tracer_provider = kwargs.get("tracer_provider") or global_tracer_provider()
-        meter_provider = kwargs.get("meter_provider") or global_meter_provider()
-        logger = None
-        if settings.capture_content.on_event:
-            logger_provider = kwargs.get("logger_provider") or global_logger_provider()
-            logger = get_logger(_semconv.INSTRUMENTATION_SCOPE, __version__, logger_provider)
-        telemetry = Telemetry(
-            trace.get_tracer(_semconv.INSTRUMENTATION_SCOPE, __version__, tracer_provider),
-            metrics.get_meter(_semconv.INSTRUMENTATION_SCOPE, __version__, meter_provider),
-            settings,
-            logger,
-        )
+        try:
+            tracer_provider = kwargs.get("tracer_provider") or global_tracer_provider()
+            meter_provider = kwargs.get("meter_provider") or global_meter_provider()
+            logger = None
+            if settings.capture_content.on_event:
+                logger_provider = kwargs.get("logger_provider") or global_logger_provider()
+                logger = get_logger(_semconv.INSTRUMENTATION_SCOPE, __version__, logger_provider)
+            telemetry = Telemetry(
+                trace.get_tracer(_semconv.INSTRUMENTATION_SCOPE, __version__, tracer_provider),
+                metrics.get_meter(_semconv.INSTRUMENTATION_SCOPE, __version__, meter_provider),
+                settings,
+                logger,
+            )
+        except Exception:  # providers that raise: the application runs on, uninstrumented
+            _log.warning("otel_llm: cannot set up its telemetry; not instrumenting", exc_info=True)
+            return
         self._telemetry = telemetry
         # A client is patched when the application imports it (at once if it already has): instrument() does not
         # import clients the application never uses (botocore and anthropic alone take ~1 s).

@@ -138,14 +138,21 @@ class Telemetry:
             _LATER.append((self, op, None))
 
     def _write(self, op: Operation, exception: BaseException | None) -> None:
+        """Span, metrics and event each on their own: a span processor that raises must not cost the histograms."""
+        tpot = _time_per_output_token(op)
         try:
-            tpot = _time_per_output_token(op)
             self._end_span(op, exception, tpot)
-            self._record_metrics(op, tpot)
-            if self._logger is not None:
-                self._emit_event(op, self._logger)
         except Exception:
-            report_failure("finish")
+            report_failure("span")
+        try:
+            self._record_metrics(op, tpot)
+        except Exception:
+            report_failure("metrics")
+        if self._logger is not None:
+            try:
+                self._emit_event(op, self._logger)
+            except Exception:
+                report_failure("event")
 
     # --- writing ---------------------------------------------------------------------------------------------
 

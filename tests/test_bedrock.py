@@ -506,6 +506,21 @@ def test_break_then_close_is_cancelled(otel: Captured, call: StreamCall) -> None
     assert otel.point(sc.STABLE_NAMES.time_to_first_chunk.name).count == 1
 
 
+def test_claudes_placeholder_output_count_is_not_a_count(otel: Captured) -> None:
+    """message_start says output_tokens 1 before any output: a stream stopped early has no output count."""
+    call = INVOKE_CLAUDE_STREAM
+    with bedrock([wb.stream_reply(call.events(TOKENS, USAGE, None))]) as (client, _):
+        stream = call.start(client)[call.key]
+        for event in stream:
+            if call.is_content(event):
+                break
+        stream.close()
+    attrs = attributes(otel.span())
+    assert attrs[sc.USAGE_INPUT_TOKENS] == INPUT_TOKENS
+    assert sc.USAGE_OUTPUT_TOKENS not in attrs
+    assert otel.points(sc.STABLE_NAMES.token_usage.name, gen_ai__token__type="output") == []
+
+
 @pytest.mark.parametrize("call", STREAM_CALLS, ids=stream_ids)
 def test_a_caller_that_stops_at_the_last_event_has_not_cancelled(otel: Captured, call: StreamCall) -> None:
     """The last event (converse's metadata, invoke's chunk with Bedrock's invocation metrics) completes the

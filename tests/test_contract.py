@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -21,7 +22,7 @@ from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
@@ -103,6 +104,50 @@ def test_our_failure_on_an_odd_chunk_is_swallowed_and_logged_once(
     assert [r.message for r in caplog.records].count(
         "otel_llm: internal failure in stream chunk; telemetry for this call is incomplete") == 1
     assert otel.span().status.status_code is StatusCode.UNSET
+
+
+def test_a_span_processor_that_raises_costs_the_span_not_the_metrics(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(_safety, "strict", False)
+    monkeypatch.setattr(_safety, "_reported", set())
+
+    class Broken(SpanProcessor):
+        def on_end(self, span: ReadableSpan) -> None:
+            raise RuntimeError("a broken exporter pipeline")
+
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(Broken())
+    reader = InMemoryMetricReader()
+    otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=MeterProvider(metric_readers=[reader]))
+    try:
+        client, _ = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
+        with caplog.at_level(logging.WARNING, logger="otel_llm"):
+            for _ in range(3):
+                list(client.chat.completions.create(model="m", messages=MESSAGES, stream=True))
+        captured = Captured(InMemorySpanExporter(), reader, tracer_provider)
+        assert captured.point(sc.STABLE_NAMES.duration.name).count == 3
+        assert captured.point(sc.STABLE_NAMES.time_to_first_chunk.name).count == 3
+        assert [r.message for r in caplog.records] == [
+            "otel_llm: internal failure in span; telemetry for this call is incomplete"]
+    finally:
+        otel_llm.uninstrument()
+
+
+def test_providers_that_raise_leave_instrument_a_logged_no_op(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    class Refusing(TracerProvider):
+        def get_tracer(self, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("no tracers here")
+
+    cls = openai.resources.chat.completions.completions.Completions
+    original = vars(cls)["create"]
+    with caplog.at_level(logging.WARNING, logger="otel_llm"):
+        otel_llm.instrument(tracer_provider=Refusing(), meter_provider=MeterProvider())
+    try:
+        assert vars(cls)["create"] is original
+        assert "otel_llm: cannot set up its telemetry; not instrumenting" in [r.message for r in caplog.records]
+    finally:
+        otel_llm.uninstrument()
 
 
 def test_unsampled_tracer_still_records_metrics(instrument: Instrument) -> None:

@@ -13,11 +13,14 @@ def number(value: object) -> float | int | None:
     return value
 
 
+_INT64_MAX = 2**63 - 1  # what an OTLP integer holds: one value past it fails every later export of its counter
+
+
 def count(value: object) -> int | None:
     """A whole number of things, 0 or more; some compatible servers write it as a float (12.0)."""
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT64_MAX:
         return None
     return value
 

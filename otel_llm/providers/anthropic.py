@@ -221,7 +221,10 @@ class _Messages:
             if kind == "input_json_delta":
                 return CONTENT if delta.partial_json else OTHER
             if kind == "thinking_delta":
-                return CONTENT if delta.thinking else OTHER
+                if not delta.thinking:
+                    return OTHER
+                op.reasoning_streamed = True  # the thinking tokens are among those streamed
+                return CONTENT
             return OTHER  # signature and citations deltas carry no output tokens
         if event == "message_start":
             message = chunk.message

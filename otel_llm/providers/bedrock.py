@@ -235,30 +235,31 @@ def _read_claude(op: Operation, payload: Mapping[str, Any]) -> int:
             return CONTENT
         return CONTENT if delta.get("partial_json") or delta.get("thinking") else OTHER
     if kind == "message_start":
-        _read_claude_message(op, payload.get("message", {}))
+        _read_claude_message(op, payload.get("message", {}), final=False)
     elif kind == "message_delta":
         _note_finish(op, payload.get("delta", {}).get("stop_reason"))
         _read_claude_usage(op, payload.get("usage"))
     elif kind == "message":
-        _read_claude_message(op, payload)
+        _read_claude_message(op, payload, final=True)
         _note_finish(op, payload.get("stop_reason"))
         for block in payload.get("content", ()):
             _note_text(op, block.get("text"))
     return OTHER
 
 
-def _read_claude_message(op: Operation, message: Mapping[str, Any]) -> None:
+def _read_claude_message(op: Operation, message: Mapping[str, Any], *, final: bool) -> None:
     if isinstance(message.get("id"), str):
         op.response_id = message["id"]
     if isinstance(message.get("model"), str):
         op.response_model = message["model"]
-    _read_claude_usage(op, message.get("usage"))
+    _read_claude_usage(op, message.get("usage"), final=final)
 
 
-def _read_claude_usage(op: Operation, usage: object) -> None:
+def _read_claude_usage(op: Operation, usage: object, *, final: bool = True) -> None:
+    """A stream's message_start has only a placeholder for output (1): output is read from final usage only."""
     if isinstance(usage, Mapping):
-        _note_usage(op, usage.get("input_tokens"), usage.get("output_tokens"), usage.get("cache_read_input_tokens"),
-                    usage.get("cache_creation_input_tokens"))
+        _note_usage(op, usage.get("input_tokens"), usage.get("output_tokens") if final else None,
+                    usage.get("cache_read_input_tokens"), usage.get("cache_creation_input_tokens"))
 
 
 def _read_claude_text(op: Operation, payload: Mapping[str, Any]) -> int:
