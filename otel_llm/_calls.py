@@ -44,6 +44,10 @@ class Endpoint(Protocol):
         """The kwargs to call with (a copy when changed, never the caller's dict mutated)."""
         ...
 
+    def refused(self, op: Operation, error: Exception) -> bool:
+        """Whether ``error`` is the server refusing what prepare() added: the caller's own request is sent then."""
+        ...
+
     def kind(self, op: Operation, result: Any) -> Kind: ...
 
     def read(self, op: Operation, result: Any) -> None: ...
@@ -70,7 +74,7 @@ def sync_call(endpoint: Endpoint) -> Callable[[Telemetry], Wrapper]:
             op, call_kwargs = started
             entered = _enter(telemetry, op)
             try:
-                result = wrapped(*args, **call_kwargs)
+                result = _sync_send(wrapped, args, kwargs, call_kwargs, endpoint, op)
             except BaseException as exc:
                 _failed(telemetry, endpoint, op, exc)
                 raise
@@ -94,7 +98,7 @@ def async_call(endpoint: Endpoint) -> Callable[[Telemetry], Wrapper]:
                 op, call_kwargs = started
                 entered = _enter(telemetry, op)
                 try:
-                    result = await wrapped(*args, **call_kwargs)
+                    result = await _async_send(wrapped, args, kwargs, call_kwargs, endpoint, op)
                 except BaseException as exc:
                     _failed(telemetry, endpoint, op, exc)
                     raise
@@ -180,6 +184,35 @@ def _begin(telemetry: Telemetry, endpoint: Endpoint, instance: Any,
     except Exception:
         report_failure("request")
         return None
+
+
+def _sync_send(wrapped: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+               call_kwargs: dict[str, Any], endpoint: Endpoint, op: Operation) -> Any:
+    """The call with what prepare() made of it; if the server refuses what we added, the caller's own request."""
+    try:
+        return wrapped(*args, **call_kwargs)
+    except Exception as exc:
+        if call_kwargs is kwargs or not _refused(endpoint, op, exc):
+            raise
+    return wrapped(*args, **kwargs)  # out of the except block: what it raises is not chained to the refusal
+
+
+async def _async_send(wrapped: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                      call_kwargs: dict[str, Any], endpoint: Endpoint, op: Operation) -> Any:
+    try:
+        return await wrapped(*args, **call_kwargs)
+    except Exception as exc:
+        if call_kwargs is kwargs or not _refused(endpoint, op, exc):
+            raise
+    return await wrapped(*args, **kwargs)
+
+
+def _refused(endpoint: Endpoint, op: Operation, error: Exception) -> bool:
+    try:
+        return endpoint.refused(op, error)
+    except Exception:
+        report_failure("refusal")
+        return False
 
 
 def _enter(telemetry: Telemetry, op: Operation) -> tuple[object, Token[Operation | None]]:

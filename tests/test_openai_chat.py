@@ -8,6 +8,7 @@ import json
 import re
 from typing import Any
 
+import httpx2
 import openai
 import pytest
 import wire
@@ -17,6 +18,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from otel_llm import _semconv as sc
 from otel_llm._operation import Operation
+from otel_llm.providers import openai as openai_adapter
 
 TOKENS = ["Hel", "lo", " world"]
 USAGE = wire.Usage(input=12, output=4, cached=4, reasoning=1)
@@ -370,6 +372,45 @@ def test_a_stream_whose_usage_chunk_never_comes_keeps_nothing_alive(
         gc.enable()
     assert chunks[-1].choices[0].finish_reason == "stop"
     otel.assert_finished(outcome)
+
+
+def refusing_server(refusal: str) -> wire.ReplySource:
+    """A server that answers 400 to any request with stream_options (as Azure OpenAI before api-version
+    2024-09-01-preview does), with ``refusal`` as the message."""
+    def answer(request: wire.RecordedRequest) -> wire.Reply:
+        if "stream_options" in request.json:
+            return wire.Reply.json(wire.error_body(refusal), status=400)
+        return wire.Reply.stream(wire.chat_stream(TOKENS))
+
+    return answer
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_a_server_that_refuses_stream_options_gets_the_callers_own_request(
+        instrument: Any, monkeypatch: pytest.MonkeyPatch, is_async: bool) -> None:
+    monkeypatch.setattr(openai_adapter, "_NO_STREAM_OPTIONS", set())
+    refusing = refusing_server("Unrecognized request argument supplied: stream_options")
+    without_us, _ = chat(is_async, refusing, model="m", messages=MESSAGES, stream=True)
+    captured = instrument()
+    asked = []
+    for _ in range(2):
+        chunks, recorder = chat(is_async, refusing, model="m", messages=MESSAGES, stream=True)
+        assert [chunk.model_dump_json() for chunk in chunks] == [chunk.model_dump_json() for chunk in without_us]
+        asked.append(["stream_options" in request.json for request in recorder.requests])
+    # the first call asked, was refused and went out again as the caller made it; the server is remembered
+    assert asked == [[True, False], [False]]
+    assert [attributes(span).get(sc.ERROR_TYPE) for span in captured.spans()] == [None, None]
+    assert all(sc.USAGE_INJECTED not in attributes(span) for span in captured.spans())
+
+
+def test_a_refusal_of_something_else_is_the_callers_error(otel: Captured, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(openai_adapter, "_NO_STREAM_OPTIONS", set())
+    client, recorder = sync_client(refusing_server("Unknown model: m"))
+    with pytest.raises(openai.BadRequestError, match="Unknown model") as raised:
+        client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    assert isinstance(raised.value.__context__, httpx2.HTTPStatusError)  # the client's own chaining, no more
+    assert len(recorder.requests) == 1
+    otel.assert_finished("BadRequestError")
 
 
 def test_an_error_on_the_usage_chunk_is_still_raised_by_the_client(instrument: Any) -> None:

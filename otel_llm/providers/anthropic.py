@@ -201,6 +201,9 @@ class _Messages:
         if op.output_text is not None:
             op.output_text.append("".join(block.text for block in result.content if block.type == "text"))
 
+    def refused(self, op: Operation, error: Exception) -> bool:
+        return False  # prepare() adds nothing to the request
+
     def read_error(self, op: Operation, error: BaseException) -> None:
         if not isinstance(error, anthropic.APIStatusError):
             return

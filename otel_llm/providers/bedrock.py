@@ -404,6 +404,9 @@ class _Endpoint:
     def read(self, op: Operation, result: Any) -> None:
         raise NotImplementedError
 
+    def refused(self, op: Operation, error: Exception) -> bool:
+        return False  # prepare() adds nothing to the request
+
     def read_error(self, op: Operation, error: BaseException) -> None:
         if isinstance(error, ClientError):
             _name_error(op, error)

@@ -44,6 +44,10 @@ _HEADERS = ResponseHeaders((
     (sc.RATE_LIMIT_TOKENS, "x-ratelimit-remaining-tokens", "x-ratelimit-limit-tokens"),
 ))
 
+# (address, port) of servers that refused stream_options: asked for usage no more
+_NO_STREAM_OPTIONS: set[tuple[str | None, int | None]] = set()
+_MAX_REMEMBERED_SERVERS = 1024
+
 # Responses API stream events that carry output: the first of them is the first token
 _RESPONSES_CONTENT_EVENTS = frozenset({
     "response.output_text.delta",
@@ -299,6 +303,8 @@ class _Endpoint:
         headers = kwargs.get("extra_headers")
         if isinstance(headers, Mapping) and RAW_RESPONSE_HEADER in headers:
             return kwargs  # a raw response: its caller may read the SSE lines, where our chunk could not be hidden
+        if (op.request.server_address, op.request.server_port) in _NO_STREAM_OPTIONS:
+            return kwargs
         # The client lays extra_body over the typed arguments: a stream_options there is the one the server gets.
         # We add ours through extra_body too: a stream_options argument would cost the client ~100 us (cold) of
         # transforming its typed parameters, more than everything we do per request.
@@ -315,6 +321,19 @@ class _Endpoint:
             return kwargs  # the caller decided, either way
         op.hide_usage_chunk = True
         return {**kwargs, "extra_body": {**extra, "stream_options": {**options, "include_usage": True}}}
+
+    def refused(self, op: Operation, error: Exception) -> bool:
+        """Servers that do not take stream_options (Azure OpenAI before api-version 2024-09-01-preview, strict
+        compatible gateways) answer our usage request with a 400 that names it: the server is remembered, and
+        this call goes out again as the caller made it."""
+        if not (op.hide_usage_chunk and isinstance(error, (openai.BadRequestError, openai.UnprocessableEntityError))
+                and "stream_options" in f"{error.message} {error.body}"):
+            return False
+        if len(_NO_STREAM_OPTIONS) >= _MAX_REMEMBERED_SERVERS:
+            _NO_STREAM_OPTIONS.clear()
+        _NO_STREAM_OPTIONS.add((op.request.server_address, op.request.server_port))
+        op.hide_usage_chunk = False
+        return True
 
     def kind(self, op: Operation, result: Any) -> Kind:
         if isinstance(result, (Stream, AsyncStream)):
