@@ -19,7 +19,7 @@ from opentelemetry._logs import get_logger
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
 from otel_llm import _semconv
-from otel_llm._export import global_logger_provider, global_meter_provider, global_tracer_provider
+from otel_llm._export import global_logger_provider, global_meter_provider, global_tracer_provider, nothing_configured
 from otel_llm._patching import Patches
 from otel_llm._settings import load_settings
 from otel_llm._telemetry import Telemetry
@@ -49,8 +49,9 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     def _instrument(self, **kwargs: Any) -> None:
         settings = load_settings()
         try:
-            tracer_provider = kwargs.get("tracer_provider") or global_tracer_provider()
-            meter_provider = kwargs.get("meter_provider") or global_meter_provider()
+            set_up = nothing_configured()  # before either is set up here
+            tracer_provider = kwargs.get("tracer_provider") or global_tracer_provider(set_up)
+            meter_provider = kwargs.get("meter_provider") or global_meter_provider(set_up)
             logger = None
             if settings.capture_content.on_event:
                 logger_provider = kwargs.get("logger_provider") or global_logger_provider()

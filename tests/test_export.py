@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -155,3 +156,47 @@ def test_applications_own_providers_are_kept(receiver: Receiver, tmp_path: Path)
     out = run_app([sys.executable], setup, otlp_env(receiver), tmp_path)
     assert "SPAN chat gpt-4o-mini" in out
     assert receiver.traces == [] and receiver.metrics == []  # nothing sent behind the application's back
+
+
+def test_an_application_that_set_up_tracing_only_keeps_it_that_way(receiver: Receiver, tmp_path: Path) -> None:
+    """Its tracer provider is used; no meter provider is set up behind its back (it would push to the default
+    OTLP endpoint and hold the exit while that fails): the metrics go to the API's, a no-op until one is set."""
+    setup = textwrap.dedent("""
+        from opentelemetry import trace, metrics
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor, ConsoleSpanExporter
+        mine = TracerProvider()
+        console = ConsoleSpanExporter(formatter=lambda s: "SPAN " + s.name + chr(10))
+        mine.add_span_processor(SimpleSpanProcessor(console))
+        trace.set_tracer_provider(mine)
+        import otel_llm
+        otel_llm.instrument()
+        print(type(metrics.get_meter_provider()).__name__)
+    """)
+    out = run_app([sys.executable], setup, otlp_env(receiver), tmp_path)
+    assert out.split("\n")[:3] == ["_ProxyMeterProvider", "SPAN chat gpt-4o-mini", "Hi!"]
+    assert receiver.traces == [] and receiver.metrics == []
+
+
+def test_the_sdks_own_exporter_names_are_understood(receiver: Receiver, tmp_path: Path) -> None:
+    """otlp_proto_http pins the protocol whatever OTEL_EXPORTER_OTLP_PROTOCOL says; prometheus serves a scrape
+    endpoint on OTEL_EXPORTER_PROMETHEUS_PORT."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    scrape = textwrap.dedent(f"""
+        import atexit, urllib.request
+        import otel_llm; otel_llm.instrument()
+        def scrape():
+            body = urllib.request.urlopen("http://127.0.0.1:{port}/metrics").read().decode()
+            print("scraped", "gen_ai_client_operation_duration_seconds_count" in body)
+        atexit.register(scrape)  # after the providers' own: it runs before they shut down
+    """)
+    env = {**otlp_env(receiver), "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_TRACES_EXPORTER": "otlp_proto_http",
+           "OTEL_METRICS_EXPORTER": "prometheus", "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1",
+           "OTEL_EXPORTER_PROMETHEUS_PORT": str(port)}
+    out = run_app([sys.executable], scrape, env, tmp_path)
+    assert out.split() == ["Hi!", "scraped", "True"]
+    (span,) = receiver.spans()
+    assert span.name == "chat gpt-4o-mini"
+    assert receiver.metrics == []
