@@ -216,6 +216,15 @@ def test_thinking_and_tool_input_deltas_are_content_signatures_are_not(otel: Cap
     assert attrs[sc.USAGE_REASONING_OUTPUT_TOKENS] == 12
 
 
+def test_streamed_thinking_tokens_count_in_time_per_output_token(otel: Captured) -> None:
+    """Thinking deltas are streamed output: TPOT spreads over every output token, thinking ones included."""
+    usage = wa.Usage(input=5, output=41, thinking=20)
+    events = wa.message_events([("thinking", ["a", "b"]), ("text", ["c", "d"])], usage=usage)
+    # after the first thinking delta, three content deltas 20 ms apart (signature and block events between)
+    create(False, [wa.stream_reply(events, delays=[0, 0, 0, 0, 0.02, 0, 0, 0, 0.02, 0.02])], **REQUEST, stream=True)
+    assert attributes(otel.span())[sc.TIME_PER_OUTPUT_TOKEN] == pytest.approx(0.06 / 40, rel=0.25)
+
+
 def test_stream_cut_before_message_delta_reports_no_output_tokens(otel: Captured) -> None:
     # message_start says output_tokens: 1, a placeholder: unknown stays unset
     client, _ = sync_client([text_stream(drop_after=4)])
