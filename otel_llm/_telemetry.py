@@ -8,6 +8,7 @@ import asyncio
 import atexit
 import gc
 import json
+import os
 import random
 import sys
 import threading
@@ -57,6 +58,7 @@ class Telemetry:
         # registered first, and the providers registered theirs when they were made, before this
         atexit.unregister(write_later)
         atexit.register(write_later)
+        _start_later_writer()
 
         def counter(instrument: sc.Instrument | None) -> Any:
             if instrument is None:
@@ -358,6 +360,39 @@ def write_later() -> None:
         except IndexError:  # another thread took the last
             return
         telemetry._write(op, exception)
+
+
+# How long what waits may wait for the next call or collection before a thread of ours writes it (None: no limit)
+LATER_WAIT_S: float | None = 1.0
+_later_wake = threading.Event()  # set to make the writer thread look at LATER_WAIT_S again
+_later_writer: threading.Thread | None = None
+
+
+def _write_later_in_time() -> None:
+    """A service with no more calls to make and no metric reader would see an abandoned stream's span only at
+    exit: this thread writes what waits at least every LATER_WAIT_S."""
+    while True:
+        _later_wake.wait(LATER_WAIT_S)
+        _later_wake.clear()
+        if _LATER:
+            write_later()
+
+
+def _start_later_writer() -> None:
+    global _later_writer
+    if _later_writer is None or not _later_writer.is_alive():
+        _later_writer = threading.Thread(target=_write_later_in_time, name="otel_llm-writer", daemon=True)
+        _later_writer.start()
+
+
+def _after_fork() -> None:
+    global _later_writer
+    if _later_writer is not None:  # threads do not survive a fork: the child needs its own
+        _later_writer = None
+        _start_later_writer()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def _shared(meter: Meter, names: sc.MetricNames) -> _Shared:

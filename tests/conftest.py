@@ -25,6 +25,10 @@ from opentelemetry.trace import StatusCode
 
 import otel_llm
 from otel_llm import _semconv as sc
+from otel_llm import _telemetry
+
+# what a finalizer ended waits for the next call or collection, as tests expect: no timed writes in between
+_telemetry.LATER_WAIT_S = None
 
 API_KEY = "sk-test-secret-key-123"
 BASE_URL = "https://api.openai.com/v1"

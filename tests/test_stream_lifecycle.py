@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_llm import _semconv as sc
+from otel_llm import _telemetry
 from otel_llm._operation import Request
 from otel_llm._settings import load_settings
 from otel_llm._stream import CONTENT, AsyncStreamProxy
@@ -175,6 +177,25 @@ def test_an_abandoned_stream_is_written_by_the_next_operation_too(otel: Captured
     assert otel.spans() == []
     client.chat.completions.create(model="m", messages=MESSAGES)  # begins: first writes what waits
     assert [attributes(span).get(sc.ERROR_TYPE) for span in otel.spans()] == [sc.ERROR_ABANDONED, None]
+
+
+def test_an_abandoned_stream_is_written_in_time_with_no_call_or_collection_to_come(
+        otel: Captured, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A service that makes no more calls and has no metric reader (tracing only) still gets the span soon."""
+    monkeypatch.setattr(_telemetry, "LATER_WAIT_S", 0.05)
+    _telemetry._later_wake.set()  # the writer thread takes the new wait at once
+    client, _ = sync_client(server())
+    stream = client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    next(stream)
+    del stream
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while not otel.exporter.get_finished_spans() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    monkeypatch.setattr(_telemetry, "LATER_WAIT_S", None)
+    _telemetry._later_wake.set()
+    (span,) = otel.exporter.get_finished_spans()
+    assert attributes(span)[sc.ERROR_TYPE] == sc.ERROR_ABANDONED
 
 
 def test_a_pending_read_closed_by_the_garbage_collector_is_written_later() -> None:
