@@ -45,14 +45,18 @@ _NS = 1e9
 class Telemetry:
     def __init__(self, tracer: Tracer, meter: Meter, settings: Settings, logger: Logger | None = None) -> None:
         self.settings = settings
-        # set by uninstrument(): wrappers still held somewhere (bound methods, the client's raw-response
-        # accessors) then call straight through
+        # set by uninstrument(): wrappers still held somewhere (bound methods, the client's raw-response accessors)
+        # then call straight through
         self.retired = False
         self._tracer = tracer
         self._logger = logger if settings.capture_content.on_event else None
         self._gap_rate = settings.chunk_gap_sample_rate
         names = settings.metric_names
         shared = _shared(meter, names)
+        # a new round reports the headroom its own responses tell (what the last one saw may still be exported
+        # until now, by the providers it was given)
+        _LATEST_REMAINING.clear()
+        _LATEST_LIMITS.clear()
         self._batch = shared.batch
         # what waits to be written goes out before the providers shut down at exit: atexit runs the last
         # registered first, and the providers registered theirs when they were made, before this
@@ -77,7 +81,6 @@ class Telemetry:
         self._prompt_length = shared.histogram(meter, names.prompt_length)
         # what each kind of operation records into, by _series_key()
         self._series: dict[tuple[Any, ...], _Series] = {}
-        self._remaining, self._limits = shared.remaining, shared.limits
 
     # --- lifecycle -------------------------------------------------------------------------------------------
 
@@ -230,7 +233,7 @@ class Telemetry:
         series = self._series.get(key) or self._new_series(key, op)
         for resource, (remaining, limit) in op.rate_limits.items():
             gauge_key = series.rate_limit_keys.get(resource) or series.rate_limit_key(resource)
-            for value, latest in ((remaining, self._remaining), (limit, self._limits)):
+            for value, latest in ((remaining, _LATEST_REMAINING), (limit, _LATEST_LIMITS)):
                 if value is not None and op.rate_limits_ns >= latest.get(gauge_key, (0.0, 0))[1]:
                     latest[gauge_key] = (value, op.rate_limits_ns)
         # exemplars link a slow latency bucket to its trace; counts (prompt length, tokens) carry none
@@ -301,23 +304,27 @@ class Telemetry:
 _MAX_SERIES_KINDS = 4096
 
 
+# Rate-limit headroom changes on every response but is read once per export: the latest values wait here (a dict
+# store per operation) and the SDK observes them when it collects. Latest by the time the response arrived, not the
+# time its operation finished: a long stream must not overwrite newer 429s. One store for the process: of the gauges
+# made under one name on one meter, the SDK keeps the first (an earlier instrument()'s, or those the API's proxy
+# meter forwarded when the application set its provider) and drops the others, so every gauge reads this store.
+_LATEST_REMAINING: dict[frozenset[tuple[str, Any]], tuple[float, int]] = {}
+_LATEST_LIMITS: dict[frozenset[tuple[str, Any]], tuple[float, int]] = {}
+
+
 class _Shared:
     """What every Telemetry on one meter shares (instrument(), uninstrument(), instrument() again). The SDK hands back
     the instrument already made under a name and drops the callbacks that came with the new one, so the rate-limit
-    gauges, the latest values they observe and the batch their callbacks flush are made once per meter; histogram
-    handles too, so that one attribute set keeps one handle and its values stay in the order they were recorded."""
+    gauges and the batch their callbacks flush are made once per meter; histogram handles too, so that one attribute
+    set keeps one handle and its values stay in the order they were recorded."""
 
     def __init__(self, meter: Meter, names: sc.MetricNames) -> None:
         # histogram values wait here until a reader collects: the gauges' callbacks flush every batch first
         self.batch = Batch()
         self._histograms: dict[str, Histogram] = {}
-        # rate-limit headroom changes on every response but is read once per export: keep the latest values
-        # here (a dict store per operation) and let the SDK observe them when it collects. Latest by the time the
-        # response arrived, not the time its operation finished: a long stream must not overwrite newer 429s.
-        self.remaining: dict[frozenset[tuple[str, Any]], tuple[float, int]] = {}
-        self.limits: dict[frozenset[tuple[str, Any]], tuple[float, int]] = {}
-        for instrument, latest in ((names.rate_limit_remaining, self.remaining),
-                                   (names.rate_limit_limit, self.limits)):
+        for instrument, latest in ((names.rate_limit_remaining, _LATEST_REMAINING),
+                                   (names.rate_limit_limit, _LATEST_LIMITS)):
             meter.create_observable_gauge(instrument.name, callbacks=[_observe_latest(latest)], unit=instrument.unit,
                                           description=instrument.description)
 
@@ -396,15 +403,11 @@ os.register_at_fork(after_in_child=_after_fork)
 
 
 def _shared(meter: Meter, names: sc.MetricNames) -> _Shared:
+    if not isinstance(meter, SdkMeter):  # the API's proxy meter (a new one per get_meter, all kept by its
+        return _Shared(meter, names)  # provider) or another SDK's: its own, as before
     found = _SHARED.get(meter)
     if found is None:
         found = _SHARED[meter] = _Shared(meter, names)
-        if isinstance(meter, SdkMeter):
-            # The API's proxy meter (a new one per get_meter, each kept by its provider) made its gauges on this
-            # meter when the application set it: the SDK keeps those and dropped ours, so ours read their values.
-            behind = [shared for proxy, shared in _SHARED.items() if getattr(proxy, "_real_meter", None) is meter]
-            if behind:
-                found.remaining, found.limits = behind[0].remaining, behind[0].limits
     return found
 
 

@@ -311,10 +311,44 @@ def test_instrument_again_on_the_same_providers_exports_every_value() -> None:
         otel_llm.uninstrument()
 
 
-def test_values_recorded_after_a_proxy_meter_provider_round_reach_the_reader() -> None:
-    """instrument() given the API's proxy provider, the application sets the real one, then instrument() again on
-    it: the SDK keeps the gauges the proxy forwarded and drops ours, and still every value is exported, the latest
-    rate-limit headroom included."""
+PROXY_ROUNDS = {
+    # instrument() on the API's proxy provider; the application sets the real one; instrument() again on that
+    "proxy, then real": ("""
+        instrument(metrics.get_meter_provider())
+        metrics.set_meter_provider(real)
+        calls(3)
+        otel_llm.uninstrument()
+        instrument(real)
+        calls(5)
+    """, ["8", "[495.0]"]),
+    # two rounds on the proxy provider; the application sets the real one during the second
+    "proxy twice, then real": ("""
+        instrument(metrics.get_meter_provider())
+        calls(1)
+        otel_llm.uninstrument()
+        instrument(metrics.get_meter_provider())
+        calls(2)
+        metrics.set_meter_provider(real)
+        calls(3)
+    """, ["3", "[497.0]"]),
+    # a round on the real provider before it is the global one, then one on the proxy, then the real one is set
+    "real, proxy, then real set": ("""
+        instrument(real)
+        calls(1)
+        otel_llm.uninstrument()
+        instrument(metrics.get_meter_provider())
+        metrics.set_meter_provider(real)
+        calls(3)
+    """, ["4", "[497.0]"]),
+}
+
+
+@pytest.mark.parametrize("rounds", PROXY_ROUNDS, ids=PROXY_ROUNDS)
+def test_values_recorded_after_rounds_on_the_api_proxy_meter_provider_reach_the_reader(rounds: str) -> None:
+    """Of the gauges made under one name on one meter the SDK keeps the first (an earlier round's, or those the
+    proxy forwarded when the application set its provider) and drops the others: still every value is exported,
+    and the rate-limit headroom is the latest."""
+    steps, expected = PROXY_ROUNDS[rounds]
     program = textwrap.dedent("""
         import openai, wire
         from opentelemetry import metrics
@@ -332,14 +366,11 @@ def test_values_recorded_after_a_proxy_meter_provider_round_reach_the_reader() -
                 client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
 
         tracer_provider = TracerProvider()
-        otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=metrics.get_meter_provider())
+        def instrument(meter_provider):
+            otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
         reader = InMemoryMetricReader()
         real = MeterProvider(metric_readers=[reader])
-        metrics.set_meter_provider(real)
-        calls(3)
-        otel_llm.uninstrument()
-        otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=real)
-        calls(5)
+    """) + textwrap.dedent(steps) + textwrap.dedent("""
         data = reader.get_metrics_data()
         points = {metric.name: list(metric.data.data_points) for resource in data.resource_metrics
                   for scope in resource.scope_metrics for metric in scope.metrics}
@@ -350,7 +381,7 @@ def test_values_recorded_after_a_proxy_meter_provider_round_reach_the_reader() -
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,
                             cwd=Path(__file__).parent)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["8", "[495.0]"]
+    assert result.stdout.split() == expected
 
 
 def test_uninstrument_lets_go_of_its_telemetry_with_clients_never_imported() -> None:
