@@ -120,8 +120,8 @@ def hook(observe: Callable[[Operation, tuple[Any, ...], dict[str, Any]], None]) 
     def make(telemetry: Telemetry) -> Wrapper:
         def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             op = _current.get()
-            if op is not None:
-                try:
+            if op is not None and not telemetry.retired:  # one kept under another library's wrapper: the new
+                try:  # round's own hook sees it
                     observe(op, args, kwargs)
                 except Exception:
                     report_failure("client hook")

@@ -4,6 +4,7 @@ provider, or only a meter provider, has chosen for the other signal too (tracing
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from typing import Any
@@ -32,8 +33,7 @@ def global_tracer_provider(set_up: bool) -> trace.TracerProvider:
     provider = trace.get_tracer_provider()
     if set_up and isinstance(provider, trace.ProxyTracerProvider) and _enabled():
         provider = TracerProvider(resource=Resource.create())
-        exporter = _span_exporter()
-        if exporter is not None:
+        for exporter in span_exporters():
             provider.add_span_processor(BatchSpanProcessor(exporter))
         trace.set_tracer_provider(provider)
     return provider
@@ -44,80 +44,64 @@ def global_meter_provider(set_up: bool) -> metrics.MeterProvider:
     provider = metrics.get_meter_provider()
     # the API's placeholder until an application sets one
     if set_up and type(provider).__name__ == "_ProxyMeterProvider" and _enabled():
-        provider = MeterProvider(resource=Resource.create(), metric_readers=_metric_readers())
+        readers = []
+        for name, protocol in _choices("METRICS"):
+            if name == "prometheus":
+                readers += _prometheus_reader()
+            else:
+                readers.append(PeriodicExportingMetricReader(_metric_exporter(name, protocol)))
+        provider = MeterProvider(resource=Resource.create(), metric_readers=readers)
         metrics.set_meter_provider(provider)
     return provider
 
 
-def global_logger_provider() -> Any:
-    """Only asked for when content goes out as events."""
+def global_logger_provider(set_up: bool) -> Any:
+    """Only asked for when content goes out as events; with ``set_up``, an OTLP one first if the application set
+    none. An application that set up its own tracing or metrics gets no log export behind its back either."""
     provider = get_logger_provider()
-    if type(provider).__name__ == "ProxyLoggerProvider" and _enabled():
-        exporter, protocol = _choice("LOGS")
-        provider = LoggerProvider(resource=Resource.create())
-        if exporter == "console":
-            provider.add_log_record_processor(BatchLogRecordProcessor(ConsoleLogRecordExporter()))
-        elif exporter != "none":
-            provider.add_log_record_processor(BatchLogRecordProcessor(_otlp_log_exporter(protocol)))
-        set_logger_provider(provider)
+    if type(provider).__name__ != "ProxyLoggerProvider" or not _enabled():
+        return provider
+    if not set_up:
+        _log.warning("otel_llm: content events go to the API's logger provider, which drops them until the "
+                     "application sets one")
+        return provider
+    provider = LoggerProvider(resource=Resource.create())
+    for exporter, protocol in _choices("LOGS"):
+        log_exporter = ConsoleLogRecordExporter() if exporter == "console" else _otlp_log_exporter(protocol)
+        provider.add_log_record_processor(BatchLogRecordProcessor(log_exporter))
+    set_logger_provider(provider)
     return provider
 
 
+def span_exporters() -> list[Any]:
+    """The span exporters OTEL_TRACES_EXPORTER names."""
+    return [ConsoleSpanExporter() if name == "console" else _otlp("trace_exporter", "OTLPSpanExporter", protocol)
+            for name, protocol in _choices("TRACES")]
+
+
+def metric_exporters() -> list[Any]:
+    """The push exporters OTEL_METRICS_EXPORTER names (a prometheus scrape endpoint is not one)."""
+    return [_metric_exporter(name, protocol) for name, protocol in _choices("METRICS") if name != "prometheus"]
+
+
+def _metric_exporter(name: str, protocol: str) -> Any:
+    return ConsoleMetricExporter() if name == "console" else _otlp("metric_exporter", "OTLPMetricExporter", protocol)
+
+
 def _otlp_log_exporter(protocol: str) -> Any:
+    return _otlp("_log_exporter", "OTLPLogExporter", protocol)
+
+
+def _otlp(module: str, name: str, protocol: str) -> Any:
+    """The OTLP exporter of one signal over ``protocol``: gRPC if asked for and installed, else http/protobuf."""
     if protocol == "grpc":
         try:
-            from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter as GrpcLogExporter
+            grpc = importlib.import_module(f"opentelemetry.exporter.otlp.proto.grpc.{module}")
         except ImportError:
             _log.warning("otel_llm: OTLP over gRPC needs `pip install otel-llm[grpc]`; using http/protobuf")
         else:
-            return GrpcLogExporter()
-    from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
-
-    return OTLPLogExporter()
-
-
-def _enabled() -> bool:
-    return os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() != "true"
-
-
-# the Python SDK's own exporter names that pin the OTLP protocol (its opentelemetry_*_exporter entry points)
-_OTLP_NAMES = {"otlp_proto_grpc": "grpc", "otlp_proto_http": "http/protobuf"}
-
-
-def _choice(signal: str) -> tuple[str, str]:
-    exporter = os.environ.get(f"OTEL_{signal}_EXPORTER", "otlp").split(",")[0].strip().lower() or "otlp"
-    protocol = (os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL")
-                or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf").strip().lower()
-    if exporter in _OTLP_NAMES:
-        return "otlp", _OTLP_NAMES[exporter]
-    return exporter, protocol
-
-
-def _span_exporter() -> Any:
-    exporter, protocol = _choice("TRACES")
-    if exporter == "none":
-        return None
-    if exporter == "console":
-        return ConsoleSpanExporter()
-    if exporter != "otlp":
-        _log.warning("otel_llm: OTEL_TRACES_EXPORTER=%s is not supported here; using otlp", exporter)
-    if protocol == "grpc":
-        try:
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
-        except ImportError:
-            _log.warning("otel_llm: OTLP over gRPC needs `pip install otel-llm[grpc]`; using http/protobuf")
-        else:
-            return GrpcSpanExporter()
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-    return OTLPSpanExporter()
-
-
-def _metric_readers() -> list[Any]:
-    if _choice("METRICS")[0] == "prometheus":
-        return _prometheus_reader()
-    exporter = _metric_exporter()
-    return [PeriodicExportingMetricReader(exporter)] if exporter is not None else []
+            return getattr(grpc, name)()
+    return getattr(importlib.import_module(f"opentelemetry.exporter.otlp.proto.http.{module}"), name)()
 
 
 def _prometheus_reader() -> list[Any]:
@@ -127,36 +111,44 @@ def _prometheus_reader() -> list[Any]:
         from prometheus_client import start_http_server
     except ImportError:
         _log.warning("otel_llm: OTEL_METRICS_EXPORTER=prometheus needs `pip install otel-llm[prometheus]`; "
-                     "metrics are not exported")
+                     "no scrape endpoint")
         return []
     host = os.environ.get("OTEL_EXPORTER_PROMETHEUS_HOST") or "localhost"
     port = os.environ.get("OTEL_EXPORTER_PROMETHEUS_PORT") or "9464"
     try:
         start_http_server(port=int(port), addr=host)
     except (OSError, ValueError):
-        _log.warning("otel_llm: cannot serve Prometheus metrics on %s:%s; metrics are not exported", host, port,
+        _log.warning("otel_llm: cannot serve Prometheus metrics on %s:%s; no scrape endpoint", host, port,
                      exc_info=True)
         return []
     return [PrometheusMetricReader()]
 
 
-def _metric_exporter() -> Any:
-    exporter, protocol = _choice("METRICS")
-    if exporter == "none":
-        return None
-    if exporter == "console":
-        return ConsoleMetricExporter()
-    if exporter != "otlp":
-        _log.warning("otel_llm: OTEL_METRICS_EXPORTER=%s is not supported here; using otlp", exporter)
-    if protocol == "grpc":
-        try:
-            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
-                OTLPMetricExporter as GrpcMetricExporter,
-            )
-        except ImportError:
-            _log.warning("otel_llm: OTLP over gRPC needs `pip install otel-llm[grpc]`; using http/protobuf")
-        else:
-            return GrpcMetricExporter()
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+def _enabled() -> bool:
+    return os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() != "true"
 
-    return OTLPMetricExporter()
+
+# the Python SDK's own exporter names that pin the OTLP protocol (its opentelemetry_*_exporter entry points)
+_OTLP_NAMES = {"otlp_proto_grpc": "grpc", "otlp_proto_http": "http/protobuf"}
+_KNOWN = {"otlp", "console", "prometheus"}
+
+
+def _choices(signal: str) -> list[tuple[str, str]]:
+    """(exporter, OTLP protocol) for each exporter OTEL_{signal}_EXPORTER names, comma-separated as the SDK reads
+    it; none for ``none``. A name not known here is taken for otlp, with a warning."""
+    names = [name.strip().lower() for name in os.environ.get(f"OTEL_{signal}_EXPORTER", "otlp").split(",")]
+    names = [name for name in dict.fromkeys(names) if name] or ["otlp"]
+    if "none" in names:
+        return []
+    protocol = (os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL")
+                or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf").strip().lower()
+    chosen = []
+    for name in names:
+        if name in _OTLP_NAMES:
+            chosen.append(("otlp", _OTLP_NAMES[name]))
+            continue
+        if name not in _KNOWN or (name == "prometheus" and signal != "METRICS"):
+            _log.warning("otel_llm: OTEL_%s_EXPORTER=%s is not supported here; using otlp", signal, name)
+            name = "otlp"
+        chosen.append((name, protocol))
+    return list(dict.fromkeys(chosen))

@@ -42,6 +42,12 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             # bumped by uninstrument(): import hooks registered before it then do nothing
             self._generation = 0
 
+    def instrument(self, **kwargs: Any) -> Any:
+        result = super().instrument(**kwargs)
+        if self._telemetry is None:  # the set-up failed (logged): not instrumented, so a later call may try again
+            self._is_instrumented_by_opentelemetry = False
+        return result
+
     def instrumentation_dependencies(self) -> Collection[str]:
         # each client is optional and checked on its own when patching
         return ()
@@ -54,7 +60,7 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             meter_provider = kwargs.get("meter_provider") or global_meter_provider(set_up)
             logger = None
             if settings.capture_content.on_event:
-                logger_provider = kwargs.get("logger_provider") or global_logger_provider()
+                logger_provider = kwargs.get("logger_provider") or global_logger_provider(set_up)
                 logger = get_logger(_semconv.INSTRUMENTATION_SCOPE, __version__, logger_provider)
             telemetry = Telemetry(
                 trace.get_tracer(_semconv.INSTRUMENTATION_SCOPE, __version__, tracer_provider),

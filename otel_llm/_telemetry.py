@@ -60,8 +60,8 @@ class Telemetry:
         self._batch = shared.batch
         # what waits to be written goes out before the providers shut down at exit: atexit runs the last
         # registered first, and the providers registered theirs when they were made, before this
-        atexit.unregister(write_later)
-        atexit.register(write_later)
+        atexit.unregister(_write_at_exit)
+        atexit.register(_write_at_exit)
         _start_later_writer()
 
         def counter(instrument: sc.Instrument | None) -> Any:
@@ -92,7 +92,12 @@ class Telemetry:
         attributes = _identity(request)
         name = f"{request.operation} {request.model}" if request.model else request.operation
         start_epoch_ns = time.time_ns()
-        span = self._tracer.start_span(name, kind=SpanKind.CLIENT, attributes=attributes, start_time=start_epoch_ns)
+        try:
+            span = self._tracer.start_span(name, kind=SpanKind.CLIENT, attributes=attributes,
+                                           start_time=start_epoch_ns)
+        except Exception:  # a span processor's on_start, say: the span is lost, the metrics need not be
+            report_failure("span start")
+            span = trace.INVALID_SPAN
         op = Operation(request=request, start_ns=0, start_epoch_ns=start_epoch_ns, span=span,
                        context=trace.set_span_in_context(span))
         if request.stream:
@@ -372,6 +377,8 @@ def write_later() -> None:
 # How long what waits may wait for the next call or collection before a thread of ours writes it (None: no limit)
 LATER_WAIT_S: float | None = 1.0
 _later_wake = threading.Event()  # set to make the writer thread look at LATER_WAIT_S again
+_later_idle = threading.Event()  # clear while the writer thread writes
+_later_idle.set()
 _later_writer: threading.Thread | None = None
 
 
@@ -382,7 +389,21 @@ def _write_later_in_time() -> None:
         _later_wake.wait(LATER_WAIT_S)
         _later_wake.clear()
         if _LATER:
-            write_later()
+            _later_idle.clear()
+            try:
+                write_later()
+            finally:
+                _later_idle.set()
+
+
+def _write_at_exit() -> None:
+    """What waits goes out before the providers shut down, and so does what the writer thread is writing now: it
+    took it off the queue, and would be stopped mid-write once the exit is done."""
+    write_later()
+    _later_idle.wait(_EXIT_WAIT_S)
+
+
+_EXIT_WAIT_S = 5.0
 
 
 def _start_later_writer() -> None:
@@ -393,8 +414,13 @@ def _start_later_writer() -> None:
 
 
 def _after_fork() -> None:
-    global _later_writer
-    if _later_writer is not None:  # threads do not survive a fork: the child needs its own
+    """In a forked child: what waits is the parent's to write (the SDK's span processors drop their queues too), and
+    threads do not survive a fork, so a writer that ran needs a new one, with a fresh event."""
+    global _later_writer, _later_wake, _later_idle
+    _LATER.clear()
+    if _later_writer is not None:
+        _later_wake, _later_idle = threading.Event(), threading.Event()
+        _later_idle.set()
         _later_writer = None
         _start_later_writer()
 

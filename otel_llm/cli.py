@@ -318,18 +318,16 @@ class _Telemetry:
             self.reader = InMemoryMetricReader()
             readers: list[MetricReader] = [self.reader]
             if _otlp_configured("METRICS"):
-                exporter = _export._metric_exporter()
-                if exporter is not None:
-                    readers.append(PeriodicExportingMetricReader(exporter))
+                readers += [PeriodicExportingMetricReader(exporter) for exporter in _export.metric_exporters()]
             if self._prometheus_port is not None:
                 readers.append(self._serve_prometheus(self._prometheus_port))
             self.meter_provider: MeterProvider = MeterProvider(resource=resource, metric_readers=readers)
             self._stack.append(self.meter_provider.shutdown)
-            span_exporter = _export._span_exporter() if _otlp_configured("TRACES") else None
+            span_exporters = _export.span_exporters() if _otlp_configured("TRACES") else []
             # spans nobody exports are not worth recording; metrics do not depend on them
             self.tracer_provider: TracerProvider = TracerProvider(
-                resource=resource, sampler=None if span_exporter is not None else ALWAYS_OFF)
-            if span_exporter is not None:
+                resource=resource, sampler=None if span_exporters else ALWAYS_OFF)
+            for span_exporter in span_exporters:
                 self.tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
             self._stack.append(self.tracer_provider.shutdown)
             otel_llm.instrument(tracer_provider=self.tracer_provider, meter_provider=self.meter_provider)

@@ -133,8 +133,55 @@ def test_a_span_processor_that_raises_costs_the_span_not_the_metrics(
         otel_llm.uninstrument()
 
 
+def test_a_span_processor_that_raises_on_start_costs_the_span_not_the_metrics(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_safety, "strict", False)
+    monkeypatch.setattr(_safety, "_reported", set())
+
+    class Broken(SpanProcessor):
+        def on_start(self, span: Any, parent_context: Any = None) -> None:
+            raise RuntimeError("a broken span pipeline")
+
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(Broken())
+    reader = InMemoryMetricReader()
+    otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=MeterProvider(metric_readers=[reader]))
+    try:
+        client, _ = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
+        for _ in range(3):
+            list(client.chat.completions.create(model="m", messages=MESSAGES, stream=True))
+        captured = Captured(InMemorySpanExporter(), reader, tracer_provider)
+        assert captured.point(sc.STABLE_NAMES.duration.name).count == 3
+        assert captured.point(sc.STABLE_NAMES.time_to_first_chunk.name).exemplars == []  # no span to link to
+    finally:
+        otel_llm.uninstrument()
+
+
+def test_a_hook_left_in_place_under_another_librarys_wrapper_counts_nothing_twice(instrument: Instrument) -> None:
+    """uninstrument() leaves a patch that someone re-wrapped; after instrument() again, the old hook must not
+    count the new round's retries too."""
+    import openai._base_client as base_client
+
+    instrument()
+    wrapt.wrap_function_wrapper(base_client, "SyncAPIClient._sleep_for_retry",
+                                lambda wrapped, instance, args, kwargs: wrapped(*args, **kwargs))
+    try:
+        otel_llm.uninstrument()
+        captured = instrument()
+        client, _ = sync_client([wire.Reply.rate_limited(0.01), wire.Reply.json(wire.chat_completion_body("pq"))],
+                                max_retries=1)
+        client.chat.completions.create(model="m", messages=MESSAGES)
+        assert attributes(captured.span())[sc.RETRIES] == 1
+    finally:
+        otel_llm.uninstrument()
+        wrapper = vars(base_client.SyncAPIClient)["_sleep_for_retry"]
+        while isinstance(wrapper, wrapt.FunctionWrapper):  # theirs over ours, over the SDK's
+            wrapper = wrapper.__wrapped__
+        base_client.SyncAPIClient._sleep_for_retry = wrapper
+
+
 def test_providers_that_raise_leave_instrument_a_logged_no_op(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+        instrument: Instrument, caplog: pytest.LogCaptureFixture) -> None:
     class Refusing(TracerProvider):
         def get_tracer(self, *args: Any, **kwargs: Any) -> Any:
             raise RuntimeError("no tracers here")
@@ -146,6 +193,10 @@ def test_providers_that_raise_leave_instrument_a_logged_no_op(
     try:
         assert vars(cls)["create"] is original
         assert "otel_llm: cannot set up its telemetry; not instrumenting" in [r.message for r in caplog.records]
+        captured = instrument()  # providers that work: not taken for a second call, this one instruments
+        client, _ = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
+        client.chat.completions.create(model="m", messages=MESSAGES)
+        assert len(captured.spans()) == 1
     finally:
         otel_llm.uninstrument()
 

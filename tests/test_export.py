@@ -43,6 +43,7 @@ class Receiver(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _ReceiverHandler)
         self.traces: list[ExportTraceServiceRequest] = []
         self.metrics: list[ExportMetricsServiceRequest] = []
+        self.logs: list[bytes] = []
 
     @property
     def endpoint(self) -> str:
@@ -73,6 +74,8 @@ class _ReceiverHandler(BaseHTTPRequestHandler):
             self.server.traces.append(ExportTraceServiceRequest.FromString(body))
         elif self.path == "/v1/metrics":
             self.server.metrics.append(ExportMetricsServiceRequest.FromString(body))
+        elif self.path == "/v1/logs":
+            self.server.logs.append(body)
         self.send_response(200)
         self.send_header("content-type", "application/x-protobuf")
         self.send_header("content-length", "0")
@@ -158,6 +161,24 @@ def test_applications_own_providers_are_kept(receiver: Receiver, tmp_path: Path)
     assert receiver.traces == [] and receiver.metrics == []  # nothing sent behind the application's back
 
 
+def test_content_events_are_not_exported_behind_an_applications_own_set_up(receiver: Receiver, tmp_path: Path) -> None:
+    setup = textwrap.dedent("""
+        from opentelemetry import trace, metrics
+        from opentelemetry._logs import get_logger_provider
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.metrics import MeterProvider
+        trace.set_tracer_provider(TracerProvider())
+        metrics.set_meter_provider(MeterProvider())
+        import otel_llm
+        otel_llm.instrument()
+        print(type(get_logger_provider()).__name__)
+    """)
+    env = {**otlp_env(receiver), "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "EVENT_ONLY"}
+    out = run_app([sys.executable], setup, env, tmp_path)
+    assert out.split() == ["ProxyLoggerProvider", "Hi!"]
+    assert receiver.logs == [] and receiver.traces == [] and receiver.metrics == []
+
+
 def test_an_application_that_set_up_tracing_only_keeps_it_that_way(receiver: Receiver, tmp_path: Path) -> None:
     """Its tracer provider is used; no meter provider is set up behind its back (it would push to the default
     OTLP endpoint and hold the exit while that fails): the metrics go to the API's, a no-op until one is set."""
@@ -180,7 +201,7 @@ def test_an_application_that_set_up_tracing_only_keeps_it_that_way(receiver: Rec
 
 def test_the_sdks_own_exporter_names_are_understood(receiver: Receiver, tmp_path: Path) -> None:
     """otlp_proto_http pins the protocol whatever OTEL_EXPORTER_OTLP_PROTOCOL says; prometheus serves a scrape
-    endpoint on OTEL_EXPORTER_PROMETHEUS_PORT."""
+    endpoint on OTEL_EXPORTER_PROMETHEUS_PORT; a list names several exporters, as the SDK reads it."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -193,10 +214,10 @@ def test_the_sdks_own_exporter_names_are_understood(receiver: Receiver, tmp_path
         atexit.register(scrape)  # after the providers' own: it runs before they shut down
     """)
     env = {**otlp_env(receiver), "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_TRACES_EXPORTER": "otlp_proto_http",
-           "OTEL_METRICS_EXPORTER": "prometheus", "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1",
+           "OTEL_METRICS_EXPORTER": "prometheus, otlp_proto_http", "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1",
            "OTEL_EXPORTER_PROMETHEUS_PORT": str(port)}
     out = run_app([sys.executable], scrape, env, tmp_path)
     assert out.split() == ["Hi!", "scraped", "True"]
     (span,) = receiver.spans()
     assert span.name == "chat gpt-4o-mini"
-    assert receiver.metrics == []
+    assert receiver.metric(sc.STABLE_NAMES.duration.name).histogram.data_points[0].count == 1

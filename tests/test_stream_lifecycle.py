@@ -198,6 +198,70 @@ def test_an_abandoned_stream_is_written_in_time_with_no_call_or_collection_to_co
     assert attributes(span)[sc.ERROR_TYPE] == sc.ERROR_ABANDONED
 
 
+ABANDON = textwrap.dedent("""
+    import gc, os, sys, threading, time
+    import openai, wire
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+    import otel_llm
+    from otel_llm import _telemetry
+
+    class Printing(SpanExporter):  # a synchronous exporter doing I/O: 50 ms of it
+        def export(self, spans):
+            time.sleep(0.05)
+            for span in spans:
+                print(os.getpid() == PARENT, span.attributes.get("error.type"), flush=True)
+            return SpanExportResult.SUCCESS
+
+    PARENT = os.getpid()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(Printing()))
+    otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=MeterProvider())
+
+    def abandon():
+        http, _ = wire.mock_client([wire.Reply.stream(wire.chat_stream(["a", "b"]))])
+        client = openai.OpenAI(api_key="k", http_client=http, max_retries=0)
+        stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                                stream=True)
+        next(stream)
+        del stream
+        gc.collect()
+""")
+
+
+def test_what_the_writer_thread_is_writing_at_exit_still_goes_out() -> None:
+    program = ABANDON + textwrap.dedent("""
+        _telemetry.LATER_WAIT_S = 0.01
+        _telemetry._later_wake.set()
+        abandon()
+        while _telemetry._later_idle.is_set():  # until the writer thread is at it: 50 ms of export
+            time.sleep(0.001)
+        print("exiting", flush=True)
+    """)
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60,
+                            cwd=Path(__file__).parent)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[-2] == f"True {sc.ERROR_ABANDONED}"
+
+
+def test_a_forked_child_does_not_write_what_its_parent_left_waiting() -> None:
+    program = ABANDON + textwrap.dedent("""
+        _telemetry.LATER_WAIT_S = None
+        abandon()
+        child = os.fork()
+        if child == 0:
+            _telemetry.write_later()
+            os._exit(0)
+        os.waitpid(child, 0)
+        _telemetry.write_later()
+    """)
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60,
+                            cwd=Path(__file__).parent)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", sc.ERROR_ABANDONED]  # once, by the parent
+
+
 def test_a_pending_read_closed_by_the_garbage_collector_is_written_later() -> None:
     """A task destroyed while it awaited the next chunk: the collector closes its coroutine (GeneratorExit) at an
     allocation anywhere, maybe where this thread holds an SDK lock; the operation is written at the next

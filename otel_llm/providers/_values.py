@@ -13,14 +13,16 @@ def number(value: object) -> float | int | None:
     return value
 
 
-_INT64_MAX = 2**63 - 1  # what an OTLP integer holds: one value past it fails every later export of its counter
+# No count of one call comes near a trillion. Past it a value is a server's garbage, and OTLP's int64 must hold
+# sums of counts (input with its cache parts, a token counter's running total): one past it fails every export.
+_MAX_COUNT = 10**12
 
 
 def count(value: object) -> int | None:
-    """A whole number of things, 0 or more; some compatible servers write it as a float (12.0)."""
+    """A whole number of things, 0 to a trillion; some compatible servers write it as a float (12.0)."""
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT64_MAX:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_COUNT:
         return None
     return value
 
