@@ -60,6 +60,10 @@ class Endpoint(Protocol):
         """Note what a stream chunk tells (ids, reasons, usage); say what it is: _stream.OTHER/CONTENT/HIDDEN."""
         ...
 
+    def gather(self, op: Operation, chunk: Any) -> None:
+        """Add a stream chunk's content to ``op.output``; called only when content capture is on."""
+        ...
+
 
 def current_operation() -> Operation | None:
     return _current.get()
@@ -235,14 +239,33 @@ def _failed(telemetry: Telemetry, endpoint: Endpoint, op: Operation, exc: BaseEx
     telemetry.finish(op, exc)
 
 
+def _observer(endpoint: Endpoint, op: Operation) -> Callable[[Operation, Any], int]:
+    """What a stream's chunks go through: with content capture on, the endpoint gathers each chunk's content as well.
+    Chosen once per stream, so a stream without capture runs nothing for content."""
+    if op.output is None:
+        return endpoint.observe
+    observe, gather = endpoint.observe, endpoint.gather
+
+    def observe_and_gather(op: Operation, chunk: Any) -> int:
+        kind = observe(op, chunk)
+        if not op.finished:  # a closed stream's leftovers are the caller's alone
+            try:
+                gather(op, chunk)
+            except Exception:
+                report_failure("content")
+        return kind
+
+    return observe_and_gather
+
+
 def _adopt(telemetry: Telemetry, endpoint: Endpoint, op: Operation, result: Any) -> Any:
     """Hand the caller its result, wrapped when the operation is still under way. Never raises."""
     try:
         kind = endpoint.kind(op, result)
         if kind is Kind.STREAM:
-            return StreamProxy(result, op, telemetry, endpoint.observe, endpoint.read_error)
+            return StreamProxy(result, op, telemetry, _observer(endpoint, op), endpoint.read_error)
         if kind is Kind.ASYNC_STREAM:
-            return AsyncStreamProxy(result, op, telemetry, endpoint.observe, endpoint.read_error)
+            return AsyncStreamProxy(result, op, telemetry, _observer(endpoint, op), endpoint.read_error)
 
         def adopt_parsed(op: Operation, parsed: Any) -> Any:
             return _adopt(telemetry, endpoint, op, parsed)

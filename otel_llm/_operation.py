@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from otel_llm._content import Message, Output, Part
 
 
 @dataclass(slots=True)
@@ -24,8 +27,9 @@ class Request:
     prompt_chars: int | None
     # further span attributes (request parameters), already semconv-named by the adapter via _semconv
     attributes: dict[str, Any] = field(default_factory=dict)
-    # content, only when capture is on
-    input_messages: Any = None
+    # content in the conventions' shape (see _content), only when capture is on
+    input_messages: list[Message] | None = None
+    system_instructions: list[Part] | None = None
 
 
 class _WeaklyReferable:
@@ -67,7 +71,7 @@ class Operation(_WeaklyReferable):
     cache_creation_tokens: int | None = None
     reasoning_tokens: int | None = None
     reasoning_streamed: bool = False  # reasoning text came in the stream: its tokens are among those streamed
-    output_text: list[str] | None = None
+    output: Output | None = None  # gathered only when content capture is on
     retries: int = 0
     retry_after: float | None = None
     # resource -> (remaining, limit); either may be unknown; and when the response that told them arrived
@@ -91,8 +95,8 @@ class Operation(_WeaklyReferable):
         copy.finish_reasons = list(self.finish_reasons)
         copy.rate_limits = dict(self.rate_limits)
         copy.attributes = dict(self.attributes)
-        if self.output_text is not None:
-            copy.output_text = list(self.output_text)
+        if self.output is not None:
+            copy.output = self.output.copy()
         return copy
 
     def last_activity(self) -> int:

@@ -82,6 +82,24 @@ PROVIDER_ANTHROPIC: Final = "anthropic"
 PROVIDER_AWS_BEDROCK: Final = "aws.bedrock"
 PROVIDER_GCP_VERTEX_AI: Final = "gcp.vertex_ai"
 
+# message content (gen-ai-input-messages.json, gen-ai-output-messages.json, gen-ai-system-instructions.json): part
+# types, the roles and modalities we name ourselves, and the finish reason of an output that ended in an error
+PART_TEXT: Final = "text"
+PART_TOOL_CALL: Final = "tool_call"
+PART_TOOL_CALL_RESPONSE: Final = "tool_call_response"
+PART_REASONING: Final = "reasoning"
+PART_BLOB: Final = "blob"
+PART_URI: Final = "uri"
+PART_FILE: Final = "file"
+ROLE_USER: Final = "user"
+ROLE_ASSISTANT: Final = "assistant"
+ROLE_TOOL: Final = "tool"
+MODALITY_IMAGE: Final = "image"
+MODALITY_AUDIO: Final = "audio"
+MODALITY_VIDEO: Final = "video"
+MODALITY_DOCUMENT: Final = "document"
+FINISH_ERROR: Final = "error"
+
 TOKEN_INPUT: Final = "input"
 TOKEN_OUTPUT: Final = "output"
 

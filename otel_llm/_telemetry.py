@@ -510,10 +510,15 @@ def _time_per_output_token(op: Operation) -> float | None:
 
 
 def _content_attributes(op: Operation) -> dict[str, str]:
+    """Content as the conventions' JSON strings (see _content); the same on the span and the event."""
     attributes: dict[str, str] = {}
-    if op.request.input_messages is not None:
-        attributes[sc.INPUT_MESSAGES] = json.dumps(op.request.input_messages, default=str)
-    if op.output_text is not None:
-        output = [{"role": "assistant", "parts": [{"type": "text", "content": "".join(op.output_text)}]}]
-        attributes[sc.OUTPUT_MESSAGES] = json.dumps(output)
+    request = op.request
+    if request.system_instructions:
+        attributes[sc.SYSTEM_INSTRUCTIONS] = json.dumps(request.system_instructions, default=str)
+    if request.input_messages:
+        attributes[sc.INPUT_MESSAGES] = json.dumps(request.input_messages, default=str)
+    if op.output is not None:
+        messages = op.output.messages(op.finish_reasons, op.error_type is not None)
+        if messages:
+            attributes[sc.OUTPUT_MESSAGES] = json.dumps(messages, default=str)
     return attributes

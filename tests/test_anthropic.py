@@ -924,8 +924,11 @@ def test_content_only_when_opted_in(instrument: Instrument) -> None:
     client, _ = sync_client([text_stream()])
     list(client.messages.create(**REQUEST, stream=True))
     attrs = attributes(captured.span())
-    assert json.loads(attrs[sc.INPUT_MESSAGES]) == [SYSTEM, MESSAGES]
-    assert json.loads(attrs[sc.OUTPUT_MESSAGES])[0]["parts"][0]["content"] == "Hello world"
+    assert json.loads(attrs[sc.SYSTEM_INSTRUCTIONS]) == [{"type": "text", "content": SYSTEM}]
+    assert json.loads(attrs[sc.INPUT_MESSAGES]) == [
+        {"role": "user", "parts": [{"type": "text", "content": "Say hello"}]}]
+    assert json.loads(attrs[sc.OUTPUT_MESSAGES]) == [
+        {"role": "assistant", "parts": [{"type": "text", "content": "Hello world"}], "finish_reason": "end_turn"}]
     assert API_KEY not in json.dumps(dict(attrs))
 
 

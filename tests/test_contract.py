@@ -258,13 +258,18 @@ def test_no_content_and_no_secrets_by_default(otel: Captured) -> None:
     assert API_KEY not in recorded and "authorization" not in recorded.lower()
 
 
+# what the conventions' schemas make of a one-message chat: role and parts in, role, parts and finish reason out
+PLAN_IN = [{"role": "user", "parts": [{"type": "text", "content": "my plan"}]}]
+PLAN_OUT = [{"role": "assistant", "parts": [{"type": "text", "content": "pq"}], "finish_reason": "stop"}]
+
+
 def test_content_on_span_when_opted_in(instrument: Instrument) -> None:
     captured = instrument(OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT="SPAN_ONLY")
     client, _ = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
     list(client.chat.completions.create(model="m", messages=[{"role": "user", "content": "my plan"}], stream=True))
     attrs = attributes(captured.span())
-    assert json.loads(attrs[sc.INPUT_MESSAGES]) == [[{"role": "user", "content": "my plan"}]]
-    assert json.loads(attrs[sc.OUTPUT_MESSAGES])[0]["parts"][0]["content"] == "pq"
+    assert json.loads(attrs[sc.INPUT_MESSAGES]) == PLAN_IN
+    assert json.loads(attrs[sc.OUTPUT_MESSAGES]) == PLAN_OUT
     assert API_KEY not in json.dumps(dict(attrs))
 
 
@@ -289,8 +294,8 @@ def test_content_as_events_when_opted_in(monkeypatch: pytest.MonkeyPatch) -> Non
     assert record.event_name == sc.EVENT_OPERATION_DETAILS
     assert record.span_id == span.context.span_id
     assert record.attributes is not None
-    assert json.loads(str(record.attributes[sc.INPUT_MESSAGES])) == [[{"role": "user", "content": "my plan"}]]
-    assert json.loads(str(record.attributes[sc.OUTPUT_MESSAGES]))[0]["parts"][0]["content"] == "pq"
+    assert json.loads(str(record.attributes[sc.INPUT_MESSAGES])) == PLAN_IN
+    assert json.loads(str(record.attributes[sc.OUTPUT_MESSAGES])) == PLAN_OUT
 
 
 def test_instrument_twice_is_a_no_op_and_uninstrument_restores_exactly(instrument: Instrument) -> None:

@@ -36,14 +36,15 @@ from typing import TYPE_CHECKING, Any
 import anthropic
 from anthropic import AsyncStream, Stream
 from anthropic._response import APIResponse, AsyncAPIResponse
-from pydantic_core import to_jsonable_python
 
 from otel_llm import _semconv as sc
 from otel_llm._calls import Kind, Wrapper, async_call, span_stand_in, sync_call
+from otel_llm._content import Output
 from otel_llm._operation import Request
 from otel_llm._patching import Provider, Target
 from otel_llm._safety import report_failure
 from otel_llm._stream import CONTENT, DONE, OTHER
+from otel_llm.providers import _claude
 from otel_llm.providers._stainless import ResponseHeaders
 from otel_llm.providers._values import count, field, text_counter
 
@@ -93,7 +94,7 @@ def _describe(instance: Any, kwargs: Mapping[str, Any], settings: Settings, *, s
     stop = kwargs.get("stop_sequences")
     if isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop):
         attributes[sc.REQUEST_STOP_SEQUENCES] = list(stop)
-    return Request(
+    request = Request(
         operation=sc.OP_CHAT,
         provider=name if name in _PROVIDERS else sc.PROVIDER_ANTHROPIC,
         model=model if isinstance(model, str) else None,
@@ -102,9 +103,11 @@ def _describe(instance: Any, kwargs: Mapping[str, Any], settings: Settings, *, s
         stream=stream,
         prompt_chars=_text_chars(prompt) if prompt else None,
         attributes=attributes,
-        input_messages=to_jsonable_python(prompt, fallback=str) if settings.capture_content.enabled and prompt
-        else None,
     )
+    if settings.capture_content.enabled:
+        request.system_instructions = _claude.system_instructions(kwargs.get("system"))
+        request.input_messages = _claude.messages(kwargs.get("messages"))
+    return request
 
 
 # --- response side ---------------------------------------------------------------------------------------------
@@ -173,7 +176,7 @@ class _Messages:
 
     def prepare(self, op: Operation, kwargs: dict[str, Any], settings: Settings) -> dict[str, Any]:
         if settings.capture_content.enabled:
-            op.output_text = []
+            op.output = Output()
         return kwargs
 
     def kind(self, op: Operation, result: Any) -> Kind:
@@ -198,8 +201,8 @@ class _Messages:
         if result.stop_reason:
             op.finish_reasons = [result.stop_reason]
         _read_usage(op, result.usage, final=True)
-        if op.output_text is not None:
-            op.output_text.append("".join(block.text for block in result.content if block.type == "text"))
+        if op.output is not None:
+            _claude.read_content(op.output, result.content)
 
     def refused(self, op: Operation, error: Exception) -> bool:
         return False  # prepare() adds nothing to the request
@@ -218,8 +221,6 @@ class _Messages:
             delta = chunk.delta
             kind = delta.type
             if kind == "text_delta":
-                if op.output_text is not None:
-                    op.output_text.append(delta.text)
                 return CONTENT if delta.text else OTHER
             if kind == "input_json_delta":
                 return CONTENT if delta.partial_json else OTHER
@@ -242,6 +243,10 @@ class _Messages:
         elif event == "message_stop":
             return DONE
         return OTHER
+
+    def gather(self, op: Operation, chunk: Any) -> None:
+        assert op.output is not None  # gather runs only when capture is on
+        _claude.gather_event(op.output, chunk)
 
 
 class _StreamHelper(_Messages):

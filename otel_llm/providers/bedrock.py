@@ -23,13 +23,16 @@ import wrapt
 from botocore.exceptions import ClientError
 from botocore.response import StreamingBody
 
+from otel_llm import _content as ct
 from otel_llm import _semconv as sc
 from otel_llm._calls import Kind, hook, sync_call
+from otel_llm._content import Message, Output, Part
 from otel_llm._operation import Request
 from otel_llm._patching import Provider, Target
 from otel_llm._safety import report_failure
 from otel_llm._stream import CONTENT, DONE, OTHER
-from otel_llm.providers._values import count, number, text_counter
+from otel_llm.providers import _claude
+from otel_llm.providers._values import count, field, number, text_counter
 
 if TYPE_CHECKING:
     from otel_llm._calls import Wrapper
@@ -82,14 +85,62 @@ def _request_parameters(body: Mapping[str, Any]) -> dict[str, Any]:
     return attributes
 
 
-def _plain(value: object) -> object:
-    """A copy of what was sent, for opt-in content capture: a caller appending to its messages later must not
-    change what we report."""
-    if isinstance(value, Mapping):
-        return {str(key): _plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
-    return value
+_MEDIA = (("image", sc.MODALITY_IMAGE), ("document", sc.MODALITY_DOCUMENT), ("video", sc.MODALITY_VIDEO))
+
+
+def _part(block: Any) -> Part:
+    """A converse content block (one key says what it is), or a Claude body's block (a ``type`` says it)."""
+    if not isinstance(block, Mapping):
+        return ct.other(None)
+    if "type" in block:
+        return _claude.part(block)
+    if "text" in block:
+        return ct.text(block["text"])
+    if "toolUse" in block:
+        tool = block["toolUse"]
+        return ct.tool_call(field(tool, "toolUseId"), field(tool, "name"), ct.plain(field(tool, "input")))
+    if "toolResult" in block:
+        result = block["toolResult"]
+        return ct.tool_call_response(field(result, "toolUseId"), [
+            ct.plain(item["json"]) if isinstance(item, Mapping) and "json" in item else _part(item)
+            for item in field(result, "content") or ()])
+    if "reasoningContent" in block:
+        return ct.reasoning(field(field(block["reasoningContent"], "reasoningText"), "text"))
+    if "guardContent" in block:
+        return ct.text(field(field(block["guardContent"], "text"), "text"))
+    for key, modality in _MEDIA:
+        media = block.get(key)
+        if isinstance(media, Mapping):
+            location = field(field(media.get("source"), "s3Location"), "uri")
+            image_format = media.get("format")
+            mime = f"image/{image_format}" if key == "image" and isinstance(image_format, str) else None
+            return ct.uri(modality, location, mime) if isinstance(location, str) else ct.blob(modality, mime)
+    return ct.other(next(iter(block), None))
+
+
+def _parts(content: Any) -> list[Part]:
+    """A message's or the system's content: a string, or blocks (cache points are no content)."""
+    if isinstance(content, str):
+        return [ct.text(content)]
+    if not isinstance(content, list):
+        return []
+    return [_part(block) for block in content if not (isinstance(block, Mapping) and "cachePoint" in block)]
+
+
+def _input_messages(body: Mapping[str, Any]) -> list[Message]:
+    """converse's messages and every invoke_model body's: messages (Claude, Nova, Mistral chat), Cohere's chat
+    history, and a prompt's text."""
+    found = [ct.message(str(item.get("role")).lower(), [ct.text(item.get("message"))])
+             for item in body.get("chat_history") or () if isinstance(item, Mapping)]
+    found += [ct.message(field(message, "role"), _parts(field(message, "content")))
+              for message in body.get("messages") or () if isinstance(message, Mapping)]
+    for key in ("prompt", "inputText", "message"):
+        if isinstance(body.get(key), str):
+            found.append(ct.message(sc.ROLE_USER, [ct.text(body[key])]))
+    texts = body.get("texts")
+    if isinstance(texts, list):
+        found += [ct.message(sc.ROLE_USER, [ct.text(text)]) for text in texts if isinstance(text, str)]
+    return found
 
 
 def _request_body(kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -135,12 +186,8 @@ def _note_finish(op: Operation, reason: object) -> None:
 
 
 def _note_text(op: Operation, text: object) -> int:
-    """CONTENT when ``text`` is output text, kept when content capture is on."""
-    if not isinstance(text, str) or not text:
-        return OTHER
-    if op.output_text is not None:
-        op.output_text.append(text)
-    return CONTENT
+    """CONTENT when ``text`` is output text."""
+    return CONTENT if isinstance(text, str) and text else OTHER
 
 
 def _note_milliseconds(op: Operation, attribute: str, value: object) -> None:
@@ -190,10 +237,6 @@ def _read_converse(op: Operation, result: Mapping[str, Any]) -> None:
     metrics = result.get("metrics")
     if isinstance(metrics, Mapping):
         _note_milliseconds(op, sc.PROVIDER_LATENCY, metrics.get("latencyMs"))
-    if op.output_text is not None:
-        message = result.get("output", {}).get("message", {})
-        for block in message.get("content", ()):
-            _note_text(op, block.get("text"))
 
 
 def _read_converse_usage(op: Operation, usage: object) -> None:
@@ -242,8 +285,6 @@ def _read_claude(op: Operation, payload: Mapping[str, Any]) -> int:
     elif kind == "message":
         _read_claude_message(op, payload, final=True)
         _note_finish(op, payload.get("stop_reason"))
-        for block in payload.get("content", ()):
-            _note_text(op, block.get("text"))
     return OTHER
 
 
@@ -280,7 +321,6 @@ def _read_titan(op: Operation, payload: Mapping[str, Any]) -> int:
         _note_usage(op, payload.get("inputTextTokenCount"), sum(count(r.get("tokenCount")) or 0 for r in results))
         for result in results:
             _note_finish(op, result.get("completionReason"))
-            _note_text(op, result.get("outputText"))
         return OTHER
     _note_finish(op, payload.get("completionReason"))
     _note_usage(op, payload.get("inputTextTokenCount"), payload.get("totalOutputTextTokenCount"))
@@ -291,7 +331,6 @@ def _read_cohere(op: Operation, payload: Mapping[str, Any]) -> int:
     """Cohere generate (a body with ``generations``, chunks with ``text``) and chat (``event_type`` chunks)."""
     for generation in payload.get("generations", ()):
         _note_finish(op, generation.get("finish_reason"))
-        _note_text(op, generation.get("text"))
     response_id = payload.get("response_id", payload.get("id"))
     if isinstance(response_id, str):
         op.response_id = response_id
@@ -341,6 +380,67 @@ def _read_payload(op: Operation, payload: object) -> int:
     return kind
 
 
+# --- content, when capture is on ----------------------------------------------------------------------------------
+
+
+def _gather_converse_message(output: Output, message: object) -> None:
+    found = output.choice()
+    for key, block in enumerate(field(message, "content") or ()):
+        if isinstance(block.get("text"), str):
+            found.text(block["text"], key)
+        elif "toolUse" in block:
+            tool = block["toolUse"]
+            found.tool_call(key, tool.get("toolUseId"), tool.get("name"), whole=ct.plain(tool.get("input")))
+
+
+def _gather_converse_event(output: Output, event: Mapping[str, Any]) -> None:
+    """A tool call begins with its id and name; text and its input's JSON come in deltas, by block."""
+    block = event.get("contentBlockDelta")
+    if block is not None:
+        delta, key = block.get("delta", {}), block.get("contentBlockIndex")
+        if "text" in delta:
+            output.choice().text(delta["text"], key)
+        elif "toolUse" in delta:
+            output.choice().tool_call(key, fragment=delta["toolUse"].get("input"))
+        return
+    start = event.get("contentBlockStart")
+    if start is not None and "toolUse" in start.get("start", {}):
+        tool = start["start"]["toolUse"]
+        output.choice().tool_call(start.get("contentBlockIndex"), tool.get("toolUseId"), tool.get("name"))
+
+
+def _gather_payload(output: Output, payload: object) -> None:
+    """One invoke_model JSON, whole or a stream chunk: Claude's messages and Nova's converse shapes in full, the
+    other families' text."""
+    if not isinstance(payload, dict):
+        return
+    if "type" in payload and "completion" not in payload:  # Claude's text completions say their type too
+        if payload["type"] == "message":
+            _claude.read_content(output, payload.get("content"))
+        else:
+            _claude.gather_event(output, payload)
+    elif "output" in payload:
+        _gather_converse_message(output, field(payload["output"], "message"))
+    elif "contentBlockDelta" in payload or "contentBlockStart" in payload:
+        _gather_converse_event(output, payload)
+    else:
+        for text in _texts(payload):
+            output.choice().text(text)
+
+
+def _texts(payload: Mapping[str, Any]) -> list[str]:
+    """The output text of a body or chunk of Claude's text completions, Llama, Titan, Cohere or Mistral."""
+    found = [payload.get(key) for key in ("completion", "generation", "outputText")]
+    if payload.get("event_type", "text-generation") == "text-generation":
+        found.append(payload.get("text"))
+    for item in payload.get("results") or payload.get("generations") or payload.get("outputs") \
+            or payload.get("choices") or ():
+        message = item.get("message") or item.get("delta")
+        text = message.get("content") if isinstance(message, Mapping) else item.get("text", item.get("outputText"))
+        found.append(text)
+    return [text for text in found if isinstance(text, str) and text]
+
+
 # --- endpoints ---------------------------------------------------------------------------------------------------
 
 
@@ -369,7 +469,7 @@ class _Endpoint:
         body = self.request_body(kwargs)
         prompt = [body[key] for key in _PROMPT_KEYS if isinstance(body.get(key), (str, list))]
         host, port = _server(instance)
-        return Request(
+        request = Request(
             operation=self.operation(model, body),
             provider=sc.PROVIDER_AWS_BEDROCK,
             model=model,
@@ -378,8 +478,11 @@ class _Endpoint:
             stream=self.stream,
             prompt_chars=_text_chars(prompt) if prompt else None,
             attributes=_request_parameters(body),
-            input_messages=_plain(prompt) if settings.capture_content.enabled and prompt else None,
         )
+        if settings.capture_content.enabled:
+            request.system_instructions = _parts(body.get("system", body.get("preamble"))) or None
+            request.input_messages = _input_messages(body)
+        return request
 
     def request_body(self, kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
         return kwargs
@@ -388,9 +491,12 @@ class _Endpoint:
         return sc.OP_CHAT
 
     def prepare(self, op: Operation, kwargs: dict[str, Any], settings: Settings) -> dict[str, Any]:
-        if settings.capture_content.enabled:
-            op.output_text = []
+        if settings.capture_content.enabled and self.answers(kwargs):
+            op.output = Output()
         return kwargs
+
+    def answers(self, kwargs: Mapping[str, Any]) -> bool:
+        return True
 
     def receive(self, response: dict[str, Any]) -> Any:
         return response
@@ -414,10 +520,15 @@ class _Endpoint:
     def observe(self, op: Operation, chunk: Any) -> int:
         raise NotImplementedError
 
+    def gather(self, op: Operation, chunk: Any) -> None:
+        raise NotImplementedError
+
 
 class _Converse(_Endpoint):
     def read(self, op: Operation, result: Any) -> None:
         _read_converse(op, result)
+        if op.output is not None:
+            _gather_converse_message(op.output, field(result.get("output"), "message"))
 
 
 class _StreamEndpoint(_Endpoint):
@@ -435,6 +546,10 @@ class _ConverseStream(_StreamEndpoint):
     def observe(self, op: Operation, chunk: Any) -> int:
         return _observe_converse_event(op, chunk)
 
+    def gather(self, op: Operation, chunk: Any) -> None:
+        assert op.output is not None  # gather runs only when capture is on
+        _gather_converse_event(op.output, chunk)
+
 
 class _Invoke(_Endpoint):
     def request_body(self, kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -446,6 +561,9 @@ class _Invoke(_Endpoint):
         if "texts" in body or "embed" in (model or "").rpartition("/")[2]:
             return sc.OP_EMBEDDINGS
         return sc.OP_TEXT_COMPLETION
+
+    def answers(self, kwargs: Mapping[str, Any]) -> bool:
+        return self.operation(kwargs.get("modelId"), self.request_body(kwargs)) != sc.OP_EMBEDDINGS
 
 
 class _InvokeModel(_Invoke):
@@ -462,7 +580,10 @@ class _InvokeModel(_Invoke):
         response, data = result
         _read_headers(op, response)
         if "json" in response.get("contentType", "") and data:
-            _read_payload(op, json.loads(data))
+            payload = json.loads(data)
+            _read_payload(op, payload)
+            if op.output is not None:
+                _gather_payload(op.output, payload)
 
 
 class _InvokeModelStream(_Invoke, _StreamEndpoint):
@@ -471,6 +592,13 @@ class _InvokeModelStream(_Invoke, _StreamEndpoint):
     def observe(self, op: Operation, chunk: Any) -> int:
         part = chunk.get("chunk")
         return OTHER if part is None else _read_payload(op, json.loads(part["bytes"]))
+
+    def gather(self, op: Operation, chunk: Any) -> None:
+        """The chunk's JSON once more: only when capture is on, so a stream without it parses each chunk once."""
+        assert op.output is not None  # gather runs only when capture is on
+        part = chunk.get("chunk")
+        if part is not None:
+            _gather_payload(op.output, json.loads(part["bytes"]))
 
 
 _ENDPOINTS: Mapping[str, _Endpoint] = {

@@ -18,8 +18,10 @@ from openai._constants import RAW_RESPONSE_HEADER
 from openai._legacy_response import LegacyAPIResponse
 from openai._streaming import SSEDecoder
 
+from otel_llm import _content as ct
 from otel_llm import _semconv as sc
 from otel_llm._calls import Kind, after, async_call, sync_call
+from otel_llm._content import Message, Output, Part
 from otel_llm._operation import Request
 from otel_llm._patching import Provider, Target
 from otel_llm._safety import report_failure
@@ -98,16 +100,100 @@ _servers: dict[int, tuple[Any, type, tuple[str, str | None, int | None]]] = {}
 _text_chars = text_counter("content", "text", "output")
 
 
-def _message_content(value: object) -> object:
-    """A JSON-friendly copy of what was sent, for opt-in content capture only."""
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    if isinstance(value, Mapping):
-        return {str(k): _message_content(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_message_content(v) for v in value]
-    dump = getattr(value, "model_dump", None)
-    return dump() if callable(dump) else str(value)
+def _part(part: Any) -> Part:
+    """A content part of a chat message (``text``, ``image_url``, ``input_audio``, ``file``) or of a Responses input
+    item (``input_text``, ``output_text``, ``input_image``, ``input_file``), as a part of the conventions."""
+    kind = field(part, "type")
+    if kind in ("text", "input_text", "output_text"):
+        return ct.text(field(part, "text"))
+    if kind == "refusal":
+        return {**ct.other(kind), "content": field(part, "refusal")}
+    if kind == "image_url":
+        return ct.linked(sc.MODALITY_IMAGE, field(field(part, "image_url"), "url"))
+    if kind == "input_image":
+        file_id = field(part, "file_id")
+        if isinstance(file_id, str):
+            return ct.file(sc.MODALITY_IMAGE, file_id)
+        return ct.linked(sc.MODALITY_IMAGE, field(part, "image_url"))
+    if kind == "input_audio":
+        audio_format = field(field(part, "input_audio"), "format")
+        return ct.blob(sc.MODALITY_AUDIO, f"audio/{audio_format}" if isinstance(audio_format, str) else None)
+    if kind in ("file", "input_file"):
+        found = field(part, "file") if kind == "file" else part
+        file_id, file_url, data = field(found, "file_id"), field(found, "file_url"), field(found, "file_data")
+        if isinstance(file_id, str):
+            return ct.file(sc.MODALITY_DOCUMENT, file_id)
+        if isinstance(file_url, str):
+            return ct.uri(sc.MODALITY_DOCUMENT, file_url)
+        if isinstance(data, str):  # base64, or a data URL that names its type
+            return ct.linked(sc.MODALITY_DOCUMENT, data) if data.startswith("data:") else ct.blob(sc.MODALITY_DOCUMENT)
+    return ct.other(kind)
+
+
+def _parts(content: Any) -> list[Part]:
+    if isinstance(content, str):
+        return [ct.text(content)]
+    return [_part(part) for part in content] if isinstance(content, (list, tuple)) else []
+
+
+def _tool_result(content: Any) -> object:
+    """What a tool answered: its text, or its content parts."""
+    return content if isinstance(content, str) else _parts(content)
+
+
+def _chat_messages(messages: Any) -> list[Message]:
+    """Chat messages: system and developer messages keep their role; assistant tool calls and tool results become
+    tool_call and tool_call_response parts."""
+    found = []
+    for message in messages if isinstance(messages, (list, tuple)) else ():
+        role = field(message, "role")
+        content = field(message, "content")
+        if role in ("tool", "function"):  # function: the legacy form, answered by name
+            parts = [ct.tool_call_response(field(message, "tool_call_id"), _tool_result(content))]
+        else:
+            parts = _parts(content)
+            for call in field(message, "tool_calls") or ():
+                function = field(call, "function") or field(call, "custom")
+                parts.append(ct.tool_call(field(call, "id"), field(function, "name"),
+                                          ct.arguments(field(function, "arguments") or field(function, "input"))))
+            legacy = field(message, "function_call")
+            if legacy is not None:
+                parts.append(ct.tool_call(None, field(legacy, "name"), ct.arguments(field(legacy, "arguments"))))
+        found.append(ct.message(role, parts, field(message, "name")))
+    return found
+
+
+def _responses_input(value: Any) -> list[Message]:
+    """The Responses API's input: a string is the user's message; items are messages, the model's tool calls and
+    reasoning, and their outputs."""
+    if isinstance(value, str):
+        return [ct.message(sc.ROLE_USER, [ct.text(value)])]
+    found = []
+    for item in value if isinstance(value, (list, tuple)) else ():
+        kind, role = field(item, "type"), field(item, "role")
+        if role is not None:
+            found.append(ct.message(role, _parts(field(item, "content"))))
+        elif kind == "function_call":
+            found.append(ct.message(sc.ROLE_ASSISTANT, [ct.tool_call(
+                field(item, "call_id"), field(item, "name"), ct.arguments(field(item, "arguments")))]))
+        elif kind == "function_call_output":
+            found.append(ct.message(sc.ROLE_TOOL, [ct.tool_call_response(
+                field(item, "call_id"), _tool_result(field(item, "output")))]))
+        elif kind == "reasoning":
+            found.append(ct.message(sc.ROLE_ASSISTANT, [
+                ct.reasoning(field(summary, "text")) for summary in field(item, "summary") or ()]))
+        else:  # built-in tools' calls (the model's) and their outputs
+            is_output = isinstance(kind, str) and kind.endswith("_output")
+            found.append(ct.message(sc.ROLE_TOOL if is_output else sc.ROLE_ASSISTANT, [ct.other(kind)]))
+    return found
+
+
+def _prompts(value: Any) -> list[Message]:
+    """Legacy completions' prompt and embeddings' input: each string a user message; token arrays are not text."""
+    if isinstance(value, str):
+        value = [value]
+    texts = value if isinstance(value, (list, tuple)) else ()
+    return [ct.message(sc.ROLE_USER, [ct.text(item)]) for item in texts if isinstance(item, str)]
 
 
 _NUMERIC_PARAMETERS: Mapping[str, str] = {
@@ -215,6 +301,18 @@ def _read_responses_usage(op: Operation, response: Any) -> None:
         _read_usage(op, response.usage, _RESPONSES_USAGE)
 
 
+def _read_responses_output(output: Output, response: Any) -> None:
+    """A whole Responses output, one choice: messages' text and function calls, keyed by their place in it."""
+    found = output.choice()
+    for key, item in enumerate(response.output or ()):
+        if item.type == "message":
+            for content in item.content:
+                if content.type == "output_text" and content.text:
+                    found.text(content.text, key)
+        elif item.type == "function_call":
+            found.tool_call(key, item.call_id, item.name, item.arguments)
+
+
 def _error_code(error: Any, otherwise: str) -> str:
     """error.type of a failure the service reported inside a stream: its error code."""
     code = getattr(error, "code", None)
@@ -278,12 +376,13 @@ class _Endpoint:
     operation = sc.OP_CHAT
     prompt_keys: tuple[str, ...] = ()
     stream_usage = False  # does this endpoint take stream_options.include_usage?
+    answers = True  # does its response hold output messages?
 
     def describe(self, instance: Any, kwargs: dict[str, Any], settings: Settings) -> Request:
         provider, host, port = _provider_and_server(instance)
         model = kwargs.get("model")
         prompt = [kwargs[key] for key in self.prompt_keys if isinstance(kwargs.get(key), (str, list, tuple))]
-        return Request(
+        request = Request(
             operation=self.operation,
             provider=provider,
             model=model if isinstance(model, str) else None,
@@ -292,12 +391,17 @@ class _Endpoint:
             stream=kwargs.get("stream") is True,
             prompt_chars=_text_chars(prompt) if prompt else None,
             attributes=_request_parameters(kwargs),
-            input_messages=_message_content(prompt) if settings.capture_content.enabled and prompt else None,
         )
+        if settings.capture_content.enabled:
+            request.input_messages = self.input_messages(kwargs)
+        return request
+
+    def input_messages(self, kwargs: dict[str, Any]) -> list[Message]:
+        raise NotImplementedError
 
     def prepare(self, op: Operation, kwargs: dict[str, Any], settings: Settings) -> dict[str, Any]:
-        if settings.capture_content.enabled:
-            op.output_text = []
+        if settings.capture_content.enabled and self.answers:
+            op.output = Output()
         if not (self.stream_usage and op.request.stream and settings.stream_usage):
             return kwargs
         headers = kwargs.get("extra_headers")
@@ -359,15 +463,45 @@ class _Endpoint:
     def observe(self, op: Operation, chunk: Any) -> int:
         raise NotImplementedError
 
+    def gather(self, op: Operation, chunk: Any) -> None:
+        raise NotImplementedError
+
 
 class _ChatCompletions(_Endpoint):
     prompt_keys = ("messages",)
     stream_usage = True
 
+    def input_messages(self, kwargs: dict[str, Any]) -> list[Message]:
+        return _chat_messages(kwargs.get("messages"))
+
     def read(self, op: Operation, result: Any) -> None:
         _read_completion(op, result)
-        if op.output_text is not None and result.choices:
-            op.output_text.append(result.choices[0].message.content or "")
+        if op.output is not None:
+            for choice in result.choices:
+                found, message = op.output.choice(choice.index), choice.message
+                if message.content:
+                    found.text(message.content)
+                for key, call in enumerate(message.tool_calls or ()):
+                    function = field(call, "function") or field(call, "custom")
+                    found.tool_call(key, call.id, field(function, "name"),
+                                    field(function, "arguments") or field(function, "input"))
+                if message.function_call is not None:
+                    found.tool_call(None, None, message.function_call.name, message.function_call.arguments)
+                found.finish(choice.finish_reason)
+
+    def gather(self, op: Operation, chunk: Any) -> None:
+        assert op.output is not None  # gather runs only when capture is on
+        for choice in chunk.choices:
+            delta = choice.delta
+            found = op.output.choice(choice.index)
+            if delta.content:
+                found.text(delta.content)
+            for call in delta.tool_calls or ():
+                function = call.function
+                found.tool_call(call.index, call.id, function and function.name, function and function.arguments)
+            if delta.function_call is not None:
+                found.tool_call(None, None, delta.function_call.name, delta.function_call.arguments)
+            found.finish(choice.finish_reason)
 
     def observe(self, op: Operation, chunk: Any) -> int:
         choices = chunk.choices
@@ -380,8 +514,6 @@ class _ChatCompletions(_Endpoint):
             delta = choice.delta
             if delta.content or delta.tool_calls or delta.refusal or delta.function_call:
                 kind |= CONTENT
-                if op.output_text is not None and delta.content:
-                    op.output_text.append(delta.content)
             elif delta.model_extra and (delta.model_extra.get("reasoning_content")
                                         or delta.model_extra.get("reasoning")):
                 kind |= CONTENT  # reasoning deltas of OpenAI-compatible servers (vLLM, DeepSeek, ...)
@@ -396,17 +528,35 @@ class _ChatCompletions(_Endpoint):
 class _Responses(_Endpoint):
     prompt_keys = ("instructions", "input")
 
+    def describe(self, instance: Any, kwargs: dict[str, Any], settings: Settings) -> Request:
+        request = super().describe(instance, kwargs, settings)
+        instructions = kwargs.get("instructions")
+        if settings.capture_content.enabled and isinstance(instructions, str) and instructions:
+            request.system_instructions = [ct.text(instructions)]
+        return request
+
+    def input_messages(self, kwargs: dict[str, Any]) -> list[Message]:
+        return _responses_input(kwargs.get("input"))
+
     def read(self, op: Operation, result: Any) -> None:
         _read_responses_usage(op, result)
-        if op.output_text is not None:
-            op.output_text.append(getattr(result, "output_text", "") or "")
+        if op.output is not None:
+            _read_responses_output(op.output, result)
+
+    def gather(self, op: Operation, chunk: Any) -> None:
+        """Text as it streams; the whole output from the final event, which says every call's id and name."""
+        event = chunk.type
+        if event == "response.output_text.delta":
+            assert op.output is not None  # gather runs only when capture is on
+            op.output.choice().text(chunk.delta, chunk.output_index)
+        elif event in _RESPONSES_FINAL_EVENTS:
+            op.output = Output()
+            _read_responses_output(op.output, chunk.response)
 
     def observe(self, op: Operation, chunk: Any) -> int:
         event = chunk.type
         if event in _RESPONSES_CONTENT_EVENTS:
-            if op.output_text is not None and event == "response.output_text.delta":
-                op.output_text.append(chunk.delta)
-            elif event == "response.reasoning_text.delta":
+            if event == "response.reasoning_text.delta":
                 op.reasoning_streamed = True
             return CONTENT
         if event in _RESPONSES_FINAL_EVENTS:
@@ -428,8 +578,21 @@ class _Completions(_Endpoint):
     prompt_keys = ("prompt",)
     stream_usage = True
 
+    def input_messages(self, kwargs: dict[str, Any]) -> list[Message]:
+        return _prompts(kwargs.get("prompt"))
+
     def read(self, op: Operation, result: Any) -> None:
         _read_completion(op, result)
+        if op.output is not None:
+            self.gather(op, result)
+
+    def gather(self, op: Operation, chunk: Any) -> None:
+        assert op.output is not None  # gather runs only when capture is on
+        for choice in chunk.choices:
+            found = op.output.choice(choice.index)
+            if choice.text:
+                found.text(choice.text)
+            found.finish(choice.finish_reason)
 
     def observe(self, op: Operation, chunk: Any) -> int:
         choices = chunk.choices
@@ -441,8 +604,6 @@ class _Completions(_Endpoint):
         for choice in choices:
             if choice.text:
                 kind |= CONTENT
-                if op.output_text is not None:
-                    op.output_text.append(choice.text)
             if choice.finish_reason:
                 kind |= _finished(op, chunk, choice.finish_reason)
         return kind
@@ -451,6 +612,10 @@ class _Completions(_Endpoint):
 class _Embeddings(_Endpoint):
     operation = sc.OP_EMBEDDINGS
     prompt_keys = ("input",)
+    answers = False
+
+    def input_messages(self, kwargs: dict[str, Any]) -> list[Message]:
+        return _prompts(kwargs.get("input"))
 
     def describe(self, instance: Any, kwargs: dict[str, Any], settings: Settings) -> Request:
         request = super().describe(instance, kwargs, settings)
@@ -466,6 +631,9 @@ class _Embeddings(_Endpoint):
 
     def observe(self, op: Operation, chunk: Any) -> int:
         return OTHER
+
+    def gather(self, op: Operation, chunk: Any) -> None:
+        pass  # never streamed
 
 
 def _helper_closed(helper_stream: Any) -> None:

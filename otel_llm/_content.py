@@ -1,0 +1,209 @@
+"""Message content in the shape of the GenAI conventions' JSON schemas (gen-ai-input-messages.json,
+gen-ai-output-messages.json, gen-ai-system-instructions.json), as plain values. Made only when content capture is on.
+
+A message is ``{"role", "parts"}``; a part is a dict whose ``type`` says what it is: ``text``, ``tool_call``,
+``tool_call_response``, ``reasoning``, ``uri``, ``file``, ``blob``, or the provider's own name for anything else.
+Inline data (base64, data URLs, bytes) is never copied: its ``blob`` part names the modality and MIME type and
+leaves ``content`` out, which the schemas' generic part admits. Provider adapters build these; telemetry writes them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Hashable, Mapping
+from typing import Any
+
+from otel_llm import _semconv as sc
+
+Part = dict[str, Any]
+Message = dict[str, Any]
+
+
+def message(role: object, parts: list[Part], name: object = None) -> Message:
+    found: Message = {"role": role if isinstance(role, str) else str(role), "parts": parts}
+    if isinstance(name, str):
+        found["name"] = name
+    return found
+
+
+def text(content: object) -> Part:
+    return {"type": sc.PART_TEXT, "content": content if isinstance(content, str) else ""}
+
+
+def tool_call(call_id: object, name: object, arguments: object) -> Part:
+    return {"type": sc.PART_TOOL_CALL, "id": call_id if isinstance(call_id, str) else None,
+            "name": name if isinstance(name, str) else None, "arguments": arguments}
+
+
+def tool_call_response(call_id: object, response: object) -> Part:
+    return {"type": sc.PART_TOOL_CALL_RESPONSE, "id": call_id if isinstance(call_id, str) else None,
+            "response": response}
+
+
+def reasoning(content: object) -> Part:
+    return {"type": sc.PART_REASONING, "content": content if isinstance(content, str) else ""}
+
+
+def blob(modality: str, mime_type: object = None) -> Part:
+    """Inline data, described and not copied."""
+    return _with_mime({"type": sc.PART_BLOB, "modality": modality}, mime_type)
+
+
+def uri(modality: str, location: str, mime_type: object = None) -> Part:
+    return _with_mime({"type": sc.PART_URI, "modality": modality, "uri": location}, mime_type)
+
+
+def file(modality: str, file_id: str, mime_type: object = None) -> Part:
+    return _with_mime({"type": sc.PART_FILE, "modality": modality, "file_id": file_id}, mime_type)
+
+
+def other(kind: object) -> Part:
+    """A part of a kind the conventions do not define: named by its type, its payload not copied."""
+    return {"type": kind if isinstance(kind, str) and kind else "unknown"}
+
+
+def linked(modality: str, location: object, mime_type: object = None) -> Part:
+    """Data given as a URL: a data URL is inline data (its MIME type kept, its payload not), any other a ``uri``."""
+    if not isinstance(location, str):
+        return other(modality)
+    if location.startswith("data:"):
+        media = location[5:].partition(",")[0].partition(";")[0]
+        return blob(modality, media or mime_type)
+    return uri(modality, location, mime_type)
+
+
+def arguments(raw: object) -> object:
+    """Tool-call arguments: the JSON the model wrote, decoded when it decodes, else as written."""
+    if isinstance(raw, str):
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return raw
+    return plain(raw)
+
+
+def plain(value: object) -> object:
+    """A JSON-friendly copy (tool inputs and results): a caller changing its objects later must not change what we
+    report. Bytes are described, not copied."""
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, Mapping):
+        return {str(key): plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(item) for item in value]
+    if isinstance(value, (bytes, bytearray)):
+        return other(sc.PART_BLOB)
+    dump = getattr(value, "model_dump", None)
+    return plain(dump()) if callable(dump) else str(value)
+
+
+def _with_mime(part: Part, mime_type: object) -> Part:
+    if isinstance(mime_type, str) and mime_type:
+        part["mime_type"] = mime_type
+    return part
+
+
+# --- output, gathered as it arrives ------------------------------------------------------------------------------
+
+
+class _Gathered:
+    """One part of an answer under way: text, or a tool call whose arguments may come in fragments."""
+
+    __slots__ = ("arguments", "call_id", "fragments", "kind", "name")
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.fragments: list[str] = []
+        self.call_id: str | None = None
+        self.name: str | None = None
+        self.arguments: object = None  # given whole (a non-streamed call): used when no fragments came
+
+    def copy(self) -> _Gathered:
+        found = _Gathered(self.kind)
+        found.fragments = list(self.fragments)
+        found.call_id, found.name, found.arguments = self.call_id, self.name, self.arguments
+        return found
+
+    def part(self) -> Part:
+        if self.kind == sc.PART_TEXT:
+            return text("".join(self.fragments))
+        return tool_call(self.call_id, self.name,
+                         arguments("".join(self.fragments)) if self.fragments else self.arguments)
+
+
+class Choice:
+    """One choice of an answer: its parts in the order they began, keyed as the provider numbers them (a content
+    block's index, a tool call's index); fragments are joined once, when the operation is written."""
+
+    __slots__ = ("finish_reason", "parts")
+
+    def __init__(self) -> None:
+        self.parts: dict[Hashable, _Gathered] = {}
+        self.finish_reason: str | None = None
+
+    def text(self, fragment: str, key: Hashable = 0) -> None:
+        found = self.parts.get((sc.PART_TEXT, key))
+        if found is None:
+            found = self.parts[(sc.PART_TEXT, key)] = _Gathered(sc.PART_TEXT)
+        found.fragments.append(fragment)
+
+    def tool_call(self, key: Hashable, call_id: object = None, name: object = None, fragment: object = None,
+                  whole: object = None) -> None:
+        """A tool call, or what a chunk adds to it: its id and name, a fragment of its arguments' JSON, or its
+        arguments ``whole``."""
+        found = self.parts.get((sc.PART_TOOL_CALL, key))
+        if found is None:
+            found = self.parts[(sc.PART_TOOL_CALL, key)] = _Gathered(sc.PART_TOOL_CALL)
+        if isinstance(call_id, str) and call_id:
+            found.call_id = call_id
+        if isinstance(name, str) and name:
+            found.name = name
+        if isinstance(fragment, str) and fragment:
+            found.fragments.append(fragment)
+        if whole is not None:
+            found.arguments = whole
+
+    def finish(self, reason: object) -> None:
+        if isinstance(reason, str) and reason:
+            self.finish_reason = reason
+
+
+class Output:
+    """What the model answered, per choice, gathered from a whole response or chunk by chunk (O(1) per chunk)."""
+
+    __slots__ = ("_choices",)
+
+    def __init__(self) -> None:
+        self._choices: dict[int, Choice] = {}
+
+    def choice(self, index: object = 0) -> Choice:
+        key = index if isinstance(index, int) else 0
+        found = self._choices.get(key)
+        if found is None:
+            found = self._choices[key] = Choice()
+        return found
+
+    def copy(self) -> Output:
+        found = Output()
+        for index, choice in self._choices.items():
+            copy = found.choice(index)
+            copy.finish_reason = choice.finish_reason
+            copy.parts = {key: part.copy() for key, part in choice.parts.items()}
+        return found
+
+    def messages(self, finish_reasons: list[str], failed: bool) -> list[Message]:
+        """One assistant message per choice. A choice's finish reason is its own, else the operation's when it had
+        one choice, else ``error`` when the operation failed; left out when unknown."""
+        choices = self._choices or ({0: Choice()} if finish_reasons else {})
+        found = []
+        for _, choice in sorted(choices.items()):
+            parts = [part.part() for part in choice.parts.values()
+                     if part.kind != sc.PART_TEXT or any(part.fragments)]
+            reason = choice.finish_reason
+            if reason is None and len(choices) == 1 and finish_reasons:
+                reason = finish_reasons[-1]
+            entry = message(sc.ROLE_ASSISTANT, parts)
+            if reason is not None or failed:
+                entry["finish_reason"] = reason or sc.FINISH_ERROR
+            found.append(entry)
+        return found
