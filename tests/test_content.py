@@ -1,0 +1,357 @@
+"""Opt-in message content, per provider, in the shapes of the GenAI conventions' JSON schemas
+(gen-ai-input-messages.json, gen-ai-output-messages.json, gen-ai-system-instructions.json): messages of role and
+parts, system instructions apart, tool calls and their results as parts, media described without its payload, and
+output per choice with its finish reason. With capture off, nothing is recorded and no chunk does content work."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import pytest
+import wire
+import wire_anthropic as wa
+import wire_bedrock as wb
+from conftest import API_KEY, Captured, attributes, sync_client
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import otel_llm
+from otel_llm import _semconv as sc
+from otel_llm.providers import anthropic as anthropic_adapter
+from otel_llm.providers import bedrock as bedrock_adapter
+from otel_llm.providers import openai as openai_adapter
+
+CONTENT_ATTRIBUTES = (sc.INPUT_MESSAGES, sc.OUTPUT_MESSAGES, sc.SYSTEM_INSTRUCTIONS)
+# an image as big as a photo: what is recorded of it must be a few bytes, not this
+PIXELS = base64.b64encode(bytes(range(256)) * 4096).decode()
+DATA_URL = f"data:image/png;base64,{PIXELS}"
+IMAGE_PART = {"type": "blob", "modality": "image", "mime_type": "image/png"}
+WEATHER = {"city": "Paris"}
+
+
+def text(content: str) -> dict[str, Any]:
+    return {"type": "text", "content": content}
+
+
+def tool_call(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
+    return {"type": "tool_call", "id": call_id, "name": name, "arguments": arguments}
+
+
+def tool_result(call_id: str, response: Any) -> dict[str, Any]:
+    return {"type": "tool_call_response", "id": call_id, "response": response}
+
+
+class Recorded:
+    """Spans and content events of one instrumentation, with content capture set to ``mode``."""
+
+    def __init__(self, mode: str) -> None:
+        self.spans = InMemorySpanExporter()
+        self.logs = InMemoryLogRecordExporter()
+        tracer_provider = TracerProvider()
+        tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
+        logger_provider = LoggerProvider()
+        logger_provider.add_log_record_processor(SimpleLogRecordProcessor(self.logs))
+        self.captured = Captured(self.spans, InMemoryMetricReader(), tracer_provider)
+        otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=MeterProvider(),
+                            logger_provider=logger_provider)
+
+    def content(self) -> dict[str, Any]:
+        """The content attributes of the one span, decoded; the event beside it carries the same."""
+        attrs = attributes(self.captured.span())
+        assert all(isinstance(attrs[key], str) for key in CONTENT_ATTRIBUTES if key in attrs)  # JSON strings
+        found = {key: json.loads(attrs[key]) for key in CONTENT_ATTRIBUTES if key in attrs}
+        events = [record.log_record for record in self.logs.get_finished_logs()]
+        if events:
+            (event,) = events
+            assert event.attributes is not None
+            assert {key: json.loads(str(event.attributes[key])) for key in CONTENT_ATTRIBUTES
+                    if key in event.attributes} == found
+        recorded = json.dumps(found)
+        assert PIXELS[:64] not in recorded and API_KEY not in recorded
+        return found
+
+
+@pytest.fixture
+def record(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    def start(mode: str = "SPAN_AND_EVENT") -> Recorded:
+        monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", mode)
+        return Recorded(mode)
+
+    yield start
+    otel_llm.uninstrument()
+
+
+@pytest.fixture
+def gathered(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every chunk any endpoint gathers content from."""
+    chunks: list[Any] = []
+    for endpoint in (openai_adapter._ChatCompletions, anthropic_adapter._Messages, bedrock_adapter._ConverseStream):
+        original = endpoint.gather
+
+        def spy(self: Any, op: Any, chunk: Any, original: Any = original) -> None:
+            chunks.append(chunk)
+            original(self, op, chunk)
+
+        monkeypatch.setattr(endpoint, "gather", spy)
+    return chunks
+
+
+# --- openai ----------------------------------------------------------------------------------------------------
+
+CHAT = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": [{"type": "text", "text": "Weather here?"},
+                                 {"type": "image_url", "image_url": {"url": DATA_URL}}]},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "18C, sunny"},
+]
+CHAT_IN = [
+    {"role": "system", "parts": [text("Be brief.")]},
+    {"role": "user", "parts": [text("Weather here?"), IMAGE_PART]},
+    {"role": "assistant", "parts": [tool_call("call_1", "get_weather", WEATHER)]},
+    {"role": "tool", "parts": [tool_result("call_1", "18C, sunny")]},
+]
+
+
+@pytest.mark.parametrize("mode", ["SPAN_ONLY", "SPAN_AND_EVENT"])
+def test_openai_chat_turns_become_role_and_parts(record: Any, mode: str) -> None:
+    recorded = record(mode)
+    client, _ = sync_client([wire.Reply.json(wire.chat_completion_body("Sunny, 18C."))])
+    client.chat.completions.create(model="m", messages=CHAT)
+    assert recorded.content() == {
+        sc.INPUT_MESSAGES: CHAT_IN,  # system messages keep their role: no system instructions apart
+        sc.OUTPUT_MESSAGES: [{"role": "assistant", "parts": [text("Sunny, 18C.")], "finish_reason": "stop"}],
+    }
+
+
+def test_openai_chat_streamed_tool_call_is_assembled_from_its_deltas(record: Any) -> None:
+    recorded = record()
+    client, _ = sync_client([wire.Reply.stream(wire.chat_stream(['{"city"', ': "Par', 'is"}'], tool_call=True))])
+    list(client.chat.completions.create(model="m", messages=CHAT[:2], stream=True))
+    assert recorded.content()[sc.OUTPUT_MESSAGES] == [{
+        "role": "assistant", "parts": [tool_call(wire.TOOL_CALL_ID, wire.TOOL_NAME, WEATHER)],
+        "finish_reason": "tool_calls"}]
+
+
+def test_openai_chat_parse_and_stream_helper_record_the_same(record: Any) -> None:
+    recorded = record()
+    client, _ = sync_client([wire.Reply.json(wire.chat_completion_body("Hi")),
+                             wire.Reply.stream(wire.chat_stream(["H", "i"]))])
+    client.chat.completions.parse(model="m", messages=CHAT[:1])
+    with client.chat.completions.stream(model="m", messages=CHAT[:1]) as stream:
+        stream.until_done()
+    parsed, streamed = (json.loads(attributes(span)[sc.OUTPUT_MESSAGES]) for span in recorded.captured.spans())
+    assert parsed == streamed == [{"role": "assistant", "parts": [text("Hi")], "finish_reason": "stop"}]
+
+
+def test_openai_chat_one_output_message_per_choice(record: Any) -> None:
+    recorded = record()
+    body = wire.chat_completion_body("Yes")
+    body["choices"].append({**body["choices"][0], "index": 1, "finish_reason": "length",
+                            "message": {**body["choices"][0]["message"], "content": "No"}})
+    client, _ = sync_client([wire.Reply.json(body)])
+    client.chat.completions.create(model="m", messages=CHAT[:1], n=2)
+    assert recorded.content()[sc.OUTPUT_MESSAGES] == [
+        {"role": "assistant", "parts": [text("Yes")], "finish_reason": "stop"},
+        {"role": "assistant", "parts": [text("No")], "finish_reason": "length"},
+    ]
+
+
+def test_openai_responses_instructions_are_system_instructions(record: Any) -> None:
+    recorded = record()
+    body = wire.response_body("Sunny.")
+    body["output"].append({"type": "function_call", "id": "fc_2", "call_id": "call_2", "name": "get_weather",
+                           "arguments": '{"city": "Paris"}', "status": "completed"})
+    client, _ = sync_client([wire.Reply.json(body), wire.Reply.json(wire.response_body("Hi"))])
+    client.responses.create(model="m", instructions="Be brief.", input=[
+        {"role": "user", "content": [{"type": "input_text", "text": "Weather?"},
+                                     {"type": "input_image", "image_url": DATA_URL, "detail": "auto"}]},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "18C"},
+    ])
+    client.responses.create(model="m", input="Hello")
+    first, second = recorded.captured.spans()
+    assert {key: json.loads(attributes(first)[key]) for key in CONTENT_ATTRIBUTES} == {
+        sc.SYSTEM_INSTRUCTIONS: [text("Be brief.")],
+        sc.INPUT_MESSAGES: [
+            {"role": "user", "parts": [text("Weather?"), IMAGE_PART]},
+            {"role": "assistant", "parts": [tool_call("call_1", "get_weather", WEATHER)]},
+            {"role": "tool", "parts": [tool_result("call_1", "18C")]},
+        ],
+        sc.OUTPUT_MESSAGES: [{"role": "assistant", "parts": [text("Sunny."), tool_call("call_2", "get_weather",
+                                                                                       WEATHER)],
+                              "finish_reason": "completed"}],
+    }
+    assert json.loads(attributes(second)[sc.INPUT_MESSAGES]) == [{"role": "user", "parts": [text("Hello")]}]
+    assert sc.SYSTEM_INSTRUCTIONS not in attributes(second)
+
+
+def test_openai_responses_stream_output(record: Any) -> None:
+    recorded = record()
+    client, _ = sync_client([wire.Reply.stream(wire.responses_stream(["Hel", "lo"], usage=wire.Usage(3, 2)))])
+    list(client.responses.create(model="m", input="Hi", stream=True))
+    assert recorded.content()[sc.OUTPUT_MESSAGES] == [
+        {"role": "assistant", "parts": [text("Hello")], "finish_reason": "completed"}]
+
+
+def test_openai_legacy_completion_prompt_is_a_user_message(record: Any) -> None:
+    recorded = record()
+    client, _ = sync_client([wire.Reply.json(wire.completion_body(" world"))])
+    client.completions.create(model="m", prompt="Hello")
+    assert recorded.content() == {
+        sc.INPUT_MESSAGES: [{"role": "user", "parts": [text("Hello")]}],
+        sc.OUTPUT_MESSAGES: [{"role": "assistant", "parts": [text(" world")], "finish_reason": "stop"}],
+    }
+
+
+# --- anthropic -------------------------------------------------------------------------------------------------
+
+ANTHROPIC_MESSAGES = [
+    {"role": "user", "content": [
+        {"type": "text", "text": "Weather here?"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PIXELS}}]},
+    {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "Use the tool.", "signature": wa.SIGNATURE},
+        {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": WEATHER}]},
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "18C, sunny"}]},
+]
+
+
+@pytest.mark.parametrize("system", ["Be brief.", [{"type": "text", "text": "Be brief."}]], ids=["str", "blocks"])
+def test_anthropic_turns_and_streamed_tool_call(record: Any, system: Any) -> None:
+    recorded = record()
+    http, _ = wire.mock_client([wa.stream_reply(wa.message_events(
+        [("text", ["Let me check."]), ("tool_use", ['{"city":', ' "Paris"}'])], usage=wa.Usage(input=9, output=5)))])
+    client = anthropic.Anthropic(api_key=API_KEY, http_client=http, max_retries=0)
+    list(client.messages.create(model=wa.MODEL, max_tokens=64, system=system, messages=ANTHROPIC_MESSAGES,
+                                stream=True))
+    assert recorded.content() == {
+        sc.SYSTEM_INSTRUCTIONS: [text("Be brief.")],  # apart from the messages, never one of them
+        sc.INPUT_MESSAGES: [
+            {"role": "user", "parts": [text("Weather here?"), IMAGE_PART]},
+            {"role": "assistant", "parts": [{"type": "reasoning", "content": "Use the tool."},
+                                            tool_call("toolu_1", "get_weather", WEATHER)]},
+            {"role": "user", "parts": [tool_result("toolu_1", "18C, sunny")]},
+        ],
+        sc.OUTPUT_MESSAGES: [{"role": "assistant", "finish_reason": "tool_use", "parts": [
+            text("Let me check."), tool_call(wa.TOOL_USE_ID, wa.TOOL_NAME, WEATHER)]}],
+    }
+
+
+def test_anthropic_whole_message_output(record: Any) -> None:
+    recorded = record()
+    body = wa.message_body("Checking.", usage=wa.Usage(input=9, output=5), stop_reason="tool_use")
+    body["content"].append({"type": "tool_use", "id": "toolu_2", "name": "get_weather", "input": WEATHER})
+    http, _ = wire.mock_client([wire.Reply.json(body)])
+    client = anthropic.Anthropic(api_key=API_KEY, http_client=http, max_retries=0)
+    client.messages.create(model=wa.MODEL, max_tokens=64, messages=ANTHROPIC_MESSAGES[:1])
+    assert recorded.content()[sc.OUTPUT_MESSAGES] == [{"role": "assistant", "finish_reason": "tool_use", "parts": [
+        text("Checking."), tool_call("toolu_2", "get_weather", WEATHER)]}]
+
+
+# --- bedrock ---------------------------------------------------------------------------------------------------
+
+CONVERSE_MESSAGES = [
+    {"role": "user", "content": [{"text": "Weather here?"},
+                                 {"image": {"format": "png", "source": {"bytes": base64.b64decode(PIXELS)}}}]},
+    {"role": "assistant", "content": [{"toolUse": {"toolUseId": "tu_1", "name": "get_weather", "input": WEATHER}}]},
+    {"role": "user", "content": [{"toolResult": {"toolUseId": "tu_1", "content": [{"json": {"celsius": 18}}]}}]},
+]
+
+
+def converse_tool_stream() -> list[bytes]:
+    return [
+        wb.event("messageStart", {"role": "assistant"}),
+        wb.event("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": "Checking."}}),
+        wb.event("contentBlockStop", {"contentBlockIndex": 0}),
+        wb.event("contentBlockStart", {"contentBlockIndex": 1,
+                                       "start": {"toolUse": {"toolUseId": "tu_2", "name": "get_weather"}}}),
+        wb.event("contentBlockDelta", {"contentBlockIndex": 1, "delta": {"toolUse": {"input": '{"city": '}}}),
+        wb.event("contentBlockDelta", {"contentBlockIndex": 1, "delta": {"toolUse": {"input": '"Paris"}'}}}),
+        wb.event("contentBlockStop", {"contentBlockIndex": 1}),
+        wb.event("messageStop", {"stopReason": "tool_use"}),
+        wb.event("metadata", {"usage": {"inputTokens": 9, "outputTokens": 5, "totalTokens": 14},
+                              "metrics": {"latencyMs": 10}}),
+    ]
+
+
+def test_bedrock_converse_stream_turns_and_streamed_tool_call(record: Any) -> None:
+    recorded = record()
+    with wire.LoopbackServer([wb.stream_reply(converse_tool_stream())]) as server:
+        response = wb.client(server).converse_stream(modelId="m", system=[{"text": "Be brief."}, {"cachePoint": {
+            "type": "default"}}], messages=CONVERSE_MESSAGES)
+        list(response["stream"])
+    assert recorded.content() == {
+        sc.SYSTEM_INSTRUCTIONS: [text("Be brief.")],
+        sc.INPUT_MESSAGES: [
+            {"role": "user", "parts": [text("Weather here?"), IMAGE_PART]},
+            {"role": "assistant", "parts": [tool_call("tu_1", "get_weather", WEATHER)]},
+            {"role": "user", "parts": [tool_result("tu_1", [{"celsius": 18}])]},
+        ],
+        sc.OUTPUT_MESSAGES: [{"role": "assistant", "finish_reason": "tool_use", "parts": [
+            text("Checking."), tool_call("tu_2", "get_weather", WEATHER)]}],
+    }
+
+
+def test_bedrock_converse_whole_output(record: Any) -> None:
+    recorded = record()
+    body = wb.converse_body("Checking.", usage=wb.Tokens(input=9, output=5), latency_ms=10, stop_reason="tool_use")
+    body["output"]["message"]["content"].append({"toolUse": {"toolUseId": "tu_2", "name": "get_weather",
+                                                             "input": WEATHER}})
+    with wire.LoopbackServer([wb.converse_reply(body)]) as server:
+        wb.client(server).converse(modelId="m", messages=CONVERSE_MESSAGES[:1])
+    assert recorded.content()[sc.OUTPUT_MESSAGES] == [{"role": "assistant", "finish_reason": "tool_use", "parts": [
+        text("Checking."), tool_call("tu_2", "get_weather", WEATHER)]}]
+
+
+def test_bedrock_invoke_model_claude_body(record: Any) -> None:
+    recorded = record()
+    claude = wb.FORMAT["claude-messages"]
+    body = {"anthropic_version": "bedrock-2023-05-31", "max_tokens": 64, "system": "Be brief.",
+            "messages": ANTHROPIC_MESSAGES}
+    with wire.LoopbackServer([wb.invoke_reply(claude.body(["Sunny"], wb.Tokens(input=9, output=1)))]) as server:
+        wb.client(server).invoke_model(modelId=claude.model_id, body=json.dumps(body))
+    content = recorded.content()
+    assert content[sc.SYSTEM_INSTRUCTIONS] == [text("Be brief.")]
+    assert content[sc.INPUT_MESSAGES][0] == {"role": "user", "parts": [text("Weather here?"), IMAGE_PART]}
+    assert content[sc.INPUT_MESSAGES][2] == {"role": "user", "parts": [tool_result("toolu_1", "18C, sunny")]}
+    assert content[sc.OUTPUT_MESSAGES] == [{"role": "assistant", "parts": [text("Sunny")],
+                                            "finish_reason": claude.stop_reason}]
+
+
+# --- capture off -----------------------------------------------------------------------------------------------
+
+
+def test_capture_off_records_no_content_and_gathers_no_chunk(record: Any, gathered: list[Any]) -> None:
+    recorded = record("NO_CONTENT")
+    openai_client, _ = sync_client([wire.Reply.stream(wire.chat_stream(["{}"], tool_call=True))])
+    list(openai_client.chat.completions.create(model="m", messages=CHAT, stream=True))
+    http, _ = wire.mock_client([wa.stream_reply(wa.message_events([("tool_use", ["{}"])], usage=wa.Usage(1, 1)))])
+    client = anthropic.Anthropic(api_key=API_KEY, http_client=http, max_retries=0)
+    list(client.messages.create(model=wa.MODEL, max_tokens=8, system="Be brief.", messages=ANTHROPIC_MESSAGES,
+                                stream=True))
+    with wire.LoopbackServer([wb.stream_reply(converse_tool_stream())]) as server:
+        list(wb.client(server).converse_stream(modelId="m", messages=CONVERSE_MESSAGES)["stream"])
+    spans = recorded.captured.spans()
+    assert len(spans) == 3
+    for span in spans:
+        assert not set(CONTENT_ATTRIBUTES) & set(attributes(span))
+    assert recorded.logs.get_finished_logs() == ()
+    assert gathered == []  # no chunk did any content work
+
+
+def test_capture_on_gathers_every_chunk(record: Any, gathered: list[Any]) -> None:
+    record("SPAN_ONLY")
+    client, _ = sync_client([wire.Reply.stream(wire.chat_stream(["{}"], tool_call=True))])
+    chunks = list(client.chat.completions.create(model="m", messages=CHAT, stream=True))
+    assert len(gathered) == len(chunks) == 3
