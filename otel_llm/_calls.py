@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -196,7 +196,7 @@ def _sync_send(wrapped: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[
     try:
         return wrapped(*args, **call_kwargs)
     except Exception as exc:
-        if call_kwargs is kwargs or not _refused(endpoint, op, exc):
+        if call_kwargs is kwargs or not _refused(endpoint, op, exc) or not _resendable(kwargs):
             raise
     return wrapped(*args, **kwargs)  # out of the except block: what it raises is not chained to the refusal
 
@@ -206,9 +206,15 @@ async def _async_send(wrapped: Callable[..., Any], args: tuple[Any, ...], kwargs
     try:
         return await wrapped(*args, **call_kwargs)
     except Exception as exc:
-        if call_kwargs is kwargs or not _refused(endpoint, op, exc):
+        if call_kwargs is kwargs or not _refused(endpoint, op, exc) or not _resendable(kwargs):
             raise
     return await wrapped(*args, **kwargs)
+
+
+def _resendable(kwargs: dict[str, Any]) -> bool:
+    """Whether the caller's arguments can go out a second time: an iterator (messages from a generator) was used
+    up by the first send. Without a resend the refusal is the caller's; the server is remembered all the same."""
+    return not any(isinstance(value, Iterator) for value in kwargs.values())
 
 
 def _refused(endpoint: Endpoint, op: Operation, error: Exception) -> bool:

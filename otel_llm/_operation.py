@@ -71,6 +71,7 @@ class Operation(_WeaklyReferable):
     cache_creation_tokens: int | None = None
     reasoning_tokens: int | None = None
     reasoning_streamed: bool = False  # reasoning text came in the stream: its tokens are among those streamed
+    finished_choices: set[int] | None = None  # of a stream's choices, those finished (by index)
     output: Output | None = None  # gathered only when content capture is on
     retries: int = 0
     retry_after: float | None = None
@@ -107,7 +108,7 @@ class Operation(_WeaklyReferable):
         """Where, and with what error type, an operation ends that the caller stopped before its end: a response
         already complete ends where it completed, without error; any other at ``now_ns`` with ``error_type``
         (cancelled, abandoned)."""
-        if self.done_ns:
+        if self.done_ns and self.last_content_ns <= self.done_ns:  # output after it: it was not complete
             return self.done_ns, None
         return now_ns, error_type
 

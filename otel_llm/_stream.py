@@ -8,6 +8,7 @@ They subclass wrapt's proxy so ``isinstance(proxy, openai.Stream)`` and every SD
 
 from __future__ import annotations
 
+import asyncio
 import time
 from array import array
 from collections.abc import Awaitable, Callable
@@ -126,12 +127,17 @@ def _done(op: Operation, kind: int, gaps: array[int]) -> None:
 
 
 def _failed(op: Operation, exc: BaseException, read_error: ReadError,
-            finish: Callable[[Operation, BaseException], None]) -> None:
+            finish: Callable[[Operation, BaseException | str | None, int | None], None]) -> None:
+    if isinstance(exc, asyncio.CancelledError):
+        end_ns, error_type = op.stopped_by_caller(time.perf_counter_ns(), sc.ERROR_CANCELLED)
+        if error_type is None:  # cancelled awaiting the tail of a complete response: nothing was cancelled
+            finish(op, None, end_ns)
+            return
     try:
         read_error(op, exc)
     except Exception:
         report_failure("stream error")
-    finish(op, exc)
+    finish(op, exc, None)
 
 
 def _gaps(op: Operation) -> array[int]:
@@ -224,9 +230,6 @@ def closed_by_helper(raw_stream: object) -> None:
 
 
 class _ResponseLifecycle(wrapt.ObjectProxy[Any]):
-    """A raw or streaming response of a Stainless-generated client (openai, anthropic): its HTTP response is
-    ``http_response``."""
-
     def __init__(self, wrapped: Any, op: Operation, telemetry: Telemetry, adopt: Adopt) -> None:
         super().__init__(wrapped)
         self._self_op = op
@@ -261,19 +264,11 @@ class _ResponseLifecycle(wrapt.ObjectProxy[Any]):
         try:
             op = self._self_op
             if not op.finished and self._self_parsed is None:
-                op.done_ns = op.done_ns or self._self_body_read()
+                # a body the caller read itself, to its end or cut off (the HTTP library closes it either way):
+                # nothing here tells which
                 self._self_telemetry.abandon(op)
         except Exception:
             report_failure("response finalizer")
-
-    def _self_body_read(self) -> int:
-        """When the caller's own reading of the HTTP body ended (its lines to the end: the HTTP library closes
-        the response then, and says how long after sending the request), or 0 if it did not."""
-        http_response = getattr(self.__wrapped__, "http_response", None)
-        if not getattr(http_response, "is_closed", False):
-            return 0
-        elapsed = http_response.elapsed.total_seconds()  # type: ignore[union-attr]
-        return max(self._self_op.last_activity(), self._self_op.start_ns + int(elapsed * 1e9))
 
 
 class ResponseProxy(_ResponseLifecycle):

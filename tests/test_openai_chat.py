@@ -12,7 +12,7 @@ import httpx2
 import openai
 import pytest
 import wire
-from conftest import Captured, async_client, attributes, openai_server, sync_client
+from conftest import Captured, async_client, attributes, cancel_midway, openai_server, sync_client
 from openai._base_client import BaseClient
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -269,6 +269,38 @@ def test_a_caller_that_stops_once_every_choice_finished_has_not_cancelled(
     otel.assert_finished(outcome)
 
 
+def test_choices_asked_for_in_extra_body_count_too(otel: Captured) -> None:
+    client, _ = sync_client([wire.Reply.stream(two_choices_stream())])
+    with client.chat.completions.create(model="m", messages=MESSAGES, stream=True, extra_body={"n": 2}) as stream:
+        chunks = [chunk for _, chunk in zip(range(3), stream, strict=False)]  # choice 0 finished, not choice 1
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    otel.assert_finished(sc.ERROR_CANCELLED)
+
+
+def test_a_finish_said_again_or_output_after_it_is_no_completion(otel: Captured) -> None:
+    """A server that repeats a finish reason, or sends output after it: the response was not complete then."""
+    *content, finish, usage, done = wire.chat_stream(TOKENS, usage=USAGE)
+    events = [*content[:2], finish, finish, content[2], *content[2:], finish, usage, done]
+    client, _ = sync_client([wire.Reply.stream(events)])
+    with client.chat.completions.create(model="m", messages=MESSAGES, stream=True) as stream:
+        chunks = [chunk for _, chunk in zip(range(5), stream, strict=False)]  # read on past the finishes
+    assert chunks[-1].choices[0].delta.content == TOKENS[1]
+    otel.assert_finished(sc.ERROR_CANCELLED)
+
+
+def test_a_task_cancelled_awaiting_the_tail_of_a_complete_response_cancelled_nothing(otel: Captured) -> None:
+    *content, finish, usage, done = wire.chat_stream(TOKENS, usage=USAGE)
+    client, _ = async_client([wire.Reply.stream([*content, finish, usage, done], delays=[0] * 5 + [1.0])])
+
+    async def consume() -> None:
+        async for _ in await client.chat.completions.create(model="m", messages=MESSAGES, stream=True):
+            pass  # cancelled while the usage chunk is a second away
+
+    cancel_midway(consume)
+    otel.assert_finished(None)
+    assert attributes(otel.span())[sc.CONTENT_CHUNKS] == 3
+
+
 def audio_stream() -> list[bytes]:
     """modalities=["text", "audio"]: the output comes as transcript and data in delta.audio, content stays null."""
     def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
@@ -385,11 +417,30 @@ def refusing_server(refusal: str) -> wire.ReplySource:
     return answer
 
 
+def validating_server(rejects: str) -> wire.ReplySource:
+    """A FastAPI-style server (vLLM, gateways) whose 422 locates what it rejects and echoes the request body."""
+    def answer(request: wire.RecordedRequest) -> wire.Reply:
+        if rejects in request.json:
+            detail = [{"type": "extra_forbidden", "loc": ["body", rejects], "msg": "Extra inputs are not permitted",
+                       "input": request.json}]
+            return wire.Reply.json({"detail": detail}, status=422)
+        asked = (request.json.get("stream_options") or {}).get("include_usage") is True
+        return wire.Reply.stream(wire.chat_stream(TOKENS, usage=USAGE if asked else None))
+
+    return answer
+
+
+REFUSALS = {
+    "Azure's 400": refusing_server("Unrecognized request argument supplied: stream_options"),
+    "a validation 422": validating_server("stream_options"),
+}
+
+
+@pytest.mark.parametrize("refusing", REFUSALS.values(), ids=REFUSALS)
 @pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
 def test_a_server_that_refuses_stream_options_gets_the_callers_own_request(
-        instrument: Any, monkeypatch: pytest.MonkeyPatch, is_async: bool) -> None:
+        instrument: Any, monkeypatch: pytest.MonkeyPatch, is_async: bool, refusing: wire.ReplySource) -> None:
     monkeypatch.setattr(openai_adapter, "_NO_STREAM_OPTIONS", set())
-    refusing = refusing_server("Unrecognized request argument supplied: stream_options")
     without_us, _ = chat(is_async, refusing, model="m", messages=MESSAGES, stream=True)
     captured = instrument()
     asked = []
@@ -401,6 +452,29 @@ def test_a_server_that_refuses_stream_options_gets_the_callers_own_request(
     assert asked == [[True, False], [False]]
     assert [attributes(span).get(sc.ERROR_TYPE) for span in captured.spans()] == [None, None]
     assert all(sc.USAGE_INJECTED not in attributes(span) for span in captured.spans())
+
+
+def test_a_refusal_that_only_echoes_the_request_is_not_about_stream_options(
+        otel: Captured, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 422 echoes the whole body, stream_options included, but locates something else: the caller's error,
+    sent once, and the server is asked for usage the next time as before."""
+    monkeypatch.setattr(openai_adapter, "_NO_STREAM_OPTIONS", set())
+    client, recorder = sync_client(validating_server("logit_bias"))
+    with pytest.raises(openai.UnprocessableEntityError):
+        client.chat.completions.create(model="m", messages=MESSAGES, stream=True, logit_bias={"1": 5})
+    assert len(recorder.requests) == 1
+    list(client.chat.completions.create(model="m", messages=MESSAGES, stream=True))
+    assert "stream_options" in recorder.requests[-1].json
+
+
+def test_messages_from_a_generator_are_sent_once_and_as_they_are(otel: Captured,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second send could not have them: no usage is asked for, so no refusal can need one."""
+    monkeypatch.setattr(openai_adapter, "_NO_STREAM_OPTIONS", set())
+    client, recorder = sync_client(refusing_server("Unrecognized request argument supplied: stream_options"))
+    chunks = list(client.chat.completions.create(model="m", messages=(m for m in MESSAGES), stream=True))
+    assert len(chunks) == 5
+    assert [request.json["messages"] for request in recorder.requests] == [MESSAGES]
 
 
 def test_a_refusal_of_something_else_is_the_callers_error(otel: Captured, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 import openai
@@ -209,6 +209,9 @@ _PARAMETERS = frozenset((*_NUMERIC_PARAMETERS, *_MAX_TOKENS_PARAMETERS, "n", "st
 
 def _request_parameters(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     attributes: dict[str, Any] = {}
+    extra = kwargs.get("extra_body")
+    if isinstance(extra, Mapping) and extra.keys() & _PARAMETERS:  # the client lays it over the typed arguments
+        kwargs = {**kwargs, **extra}
     given = kwargs.keys() & _PARAMETERS  # most calls pass none of them: look only at what was passed
     if not given:
         return attributes
@@ -276,16 +279,19 @@ def _usage_chunk(op: Operation, chunk: Any) -> int:
     return HIDDEN if op.hide_usage_chunk else OTHER
 
 
-def _finished(op: Operation, chunk: Any, reason: str) -> int:
-    """A choice finished: DONE once every choice asked for has."""
-    op.finish_reasons.append(reason)
+def _finished(op: Operation, chunk: Any, choice: Any) -> int:
+    """A choice finished: DONE once every choice asked for has (a server may say so again)."""
+    op.finish_reasons.append(choice.finish_reason)
+    if op.finished_choices is None:
+        op.finished_choices = set()
+    op.finished_choices.add(choice.index)
     if op.usage_lift is not None:
         op.usage_lift.install(op)
         op.usage_lift = None
     # some compatible servers put usage on the finishing chunk instead of a chunk of its own
     if chunk.usage is not None:
         _read_chat_usage(op, chunk.usage)
-    return DONE if len(op.finish_reasons) >= op.request.attributes.get(sc.REQUEST_CHOICE_COUNT, 1) else OTHER
+    return DONE if len(op.finished_choices) >= op.request.attributes.get(sc.REQUEST_CHOICE_COUNT, 1) else OTHER
 
 
 def _read_responses_usage(op: Operation, response: Any) -> None:
@@ -369,6 +375,26 @@ class _UsageLift:
         return None
 
 
+def _names_stream_options(body: object) -> bool:
+    """Whether an error's body is about stream_options: OpenAI's envelope naming it as the parameter or in its
+    message, or a validation error (FastAPI's ``detail``) located at it. Never what a body echoes of the request."""
+    if not isinstance(body, Mapping):
+        return False
+    message = body.get("message")
+    if body.get("param") == "stream_options" or (isinstance(message, str) and "stream_options" in message):
+        return True
+    detail = body.get("detail")
+    return isinstance(detail, list) and any(_locates_stream_options(item) for item in detail)
+
+
+def _locates_stream_options(item: object) -> bool:
+    if not isinstance(item, Mapping):
+        return False
+    location, text = item.get("loc"), item.get("msg")
+    return (isinstance(location, list) and "stream_options" in location) or (
+        isinstance(text, str) and "stream_options" in text)
+
+
 # --- endpoints -------------------------------------------------------------------------------------------------
 
 
@@ -407,6 +433,8 @@ class _Endpoint:
         headers = kwargs.get("extra_headers")
         if isinstance(headers, Mapping) and RAW_RESPONSE_HEADER in headers:
             return kwargs  # a raw response: its caller may read the SSE lines, where our chunk could not be hidden
+        if any(isinstance(kwargs.get(key), Iterator) for key in self.prompt_keys):
+            return kwargs  # messages from a generator: a server that refused our request could not get them again
         if (op.request.server_address, op.request.server_port) in _NO_STREAM_OPTIONS:
             return kwargs
         # The client lays extra_body over the typed arguments: a stream_options there is the one the server gets.
@@ -431,7 +459,7 @@ class _Endpoint:
         compatible gateways) answer our usage request with a 400 that names it: the server is remembered, and
         this call goes out again as the caller made it."""
         if not (op.hide_usage_chunk and isinstance(error, (openai.BadRequestError, openai.UnprocessableEntityError))
-                and "stream_options" in f"{error.message} {error.body}"):
+                and _names_stream_options(error.body)):
             return False
         if len(_NO_STREAM_OPTIONS) >= _MAX_REMEMBERED_SERVERS:
             _NO_STREAM_OPTIONS.clear()
@@ -513,15 +541,15 @@ class _ChatCompletions(_Endpoint):
         for choice in choices:
             delta = choice.delta
             if delta.content or delta.tool_calls or delta.refusal or delta.function_call:
-                kind |= CONTENT
+                kind = CONTENT  # the finish that makes a chunk DONE comes after its content
             elif delta.model_extra and (delta.model_extra.get("reasoning_content")
                                         or delta.model_extra.get("reasoning")):
-                kind |= CONTENT  # reasoning deltas of OpenAI-compatible servers (vLLM, DeepSeek, ...)
+                kind = CONTENT  # reasoning deltas of OpenAI-compatible servers (vLLM, DeepSeek, ...)
                 op.reasoning_streamed = True
             elif (audio := getattr(delta, "audio", None)) and (field(audio, "transcript") or field(audio, "data")):
-                kind |= CONTENT  # audio output (modalities=["text", "audio"]): transcript and data deltas
+                kind = CONTENT  # audio output (modalities=["text", "audio"]): transcript and data deltas
             if choice.finish_reason:
-                kind |= _finished(op, chunk, choice.finish_reason)
+                kind |= _finished(op, chunk, choice)
         return kind
 
 
@@ -603,9 +631,9 @@ class _Completions(_Endpoint):
         kind = OTHER
         for choice in choices:
             if choice.text:
-                kind |= CONTENT
+                kind = CONTENT
             if choice.finish_reason:
-                kind |= _finished(op, chunk, choice.finish_reason)
+                kind |= _finished(op, chunk, choice)
         return kind
 
 
