@@ -10,13 +10,27 @@ leaves ``content`` out, which the schemas' generic part admits. Provider adapter
 from __future__ import annotations
 
 import json
-from collections.abc import Hashable, Mapping
-from typing import Any
+import math
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any, TypeVar
 
 from otel_llm import _semconv as sc
+from otel_llm._safety import report_failure
+
+T = TypeVar("T")
 
 Part = dict[str, Any]
 Message = dict[str, Any]
+
+
+def safely(build: Callable[[], T]) -> T | None:
+    """Content built from what the caller passed: whatever shape that has, a failure here costs the content (logged
+    once), never the operation's span and metrics."""
+    try:
+        return build()
+    except Exception:
+        report_failure("content")
+        return None
 
 
 def message(role: object, parts: list[Part], name: object = None) -> Message:
@@ -72,6 +86,12 @@ def linked(modality: str, location: object, mime_type: object = None) -> Part:
     return uri(modality, location, mime_type)
 
 
+def listed(value: object) -> list[Any] | tuple[Any, ...]:
+    """A list or tuple as it is; anything else, nothing: an iterator (a generator the caller passed) would be used
+    up here, before the client reads it to build the request."""
+    return value if isinstance(value, (list, tuple)) else ()
+
+
 def arguments(raw: object) -> object:
     """Tool-call arguments: the JSON the model wrote, decoded when it decodes, else as written."""
     if isinstance(raw, str):
@@ -97,6 +117,25 @@ def plain(value: object) -> object:
     return plain(dump()) if callable(dump) else str(value)
 
 
+def to_json(value: object) -> str:
+    """JSON every parser reads: a model's tool arguments may hold NaN or Infinity, which JSON has no words for,
+    so those are written as strings."""
+    try:
+        return json.dumps(value, default=str, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(value), default=str)
+
+
+def _finite(value: object) -> object:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
+
+
 def _with_mime(part: Part, mime_type: object) -> Part:
     if isinstance(mime_type, str) and mime_type:
         part["mime_type"] = mime_type
@@ -107,7 +146,8 @@ def _with_mime(part: Part, mime_type: object) -> Part:
 
 
 class _Gathered:
-    """One part of an answer under way: text, or a tool call whose arguments may come in fragments."""
+    """One part of an answer under way: text (output, reasoning or a refusal), or a tool call whose arguments may come
+    in fragments."""
 
     __slots__ = ("arguments", "call_id", "fragments", "kind", "name")
 
@@ -125,10 +165,10 @@ class _Gathered:
         return found
 
     def part(self) -> Part:
-        if self.kind == sc.PART_TEXT:
-            return text("".join(self.fragments))
-        return tool_call(self.call_id, self.name,
-                         arguments("".join(self.fragments)) if self.fragments else self.arguments)
+        if self.kind == sc.PART_TOOL_CALL:
+            return tool_call(self.call_id, self.name,
+                             arguments("".join(self.fragments)) if self.fragments else self.arguments)
+        return {"type": self.kind, "content": "".join(self.fragments)}
 
 
 class Choice:
@@ -141,10 +181,11 @@ class Choice:
         self.parts: dict[Hashable, _Gathered] = {}
         self.finish_reason: str | None = None
 
-    def text(self, fragment: str, key: Hashable = 0) -> None:
-        found = self.parts.get((sc.PART_TEXT, key))
+    def text(self, fragment: str, key: Hashable = 0, kind: str = sc.PART_TEXT) -> None:
+        """Text of the answer, or of another ``kind`` told the same way: reasoning, a refusal."""
+        found = self.parts.get((kind, key))
         if found is None:
-            found = self.parts[(sc.PART_TEXT, key)] = _Gathered(sc.PART_TEXT)
+            found = self.parts[(kind, key)] = _Gathered(kind)
         found.fragments.append(fragment)
 
     def tool_call(self, key: Hashable, call_id: object = None, name: object = None, fragment: object = None,
@@ -198,7 +239,7 @@ class Output:
         found = []
         for _, choice in sorted(choices.items()):
             parts = [part.part() for part in choice.parts.values()
-                     if part.kind != sc.PART_TEXT or any(part.fragments)]
+                     if part.kind == sc.PART_TOOL_CALL or any(part.fragments)]
             reason = choice.finish_reason
             if reason is None and len(choices) == 1 and finish_reasons:
                 reason = finish_reasons[-1]

@@ -91,6 +91,7 @@ PART_REASONING: Final = "reasoning"
 PART_BLOB: Final = "blob"
 PART_URI: Final = "uri"
 PART_FILE: Final = "file"
+PART_REFUSAL: Final = "refusal"  # not one of the conventions' own: a generic part, named as OpenAI names it
 ROLE_USER: Final = "user"
 ROLE_ASSISTANT: Final = "assistant"
 ROLE_TOOL: Final = "tool"

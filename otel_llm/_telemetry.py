@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import gc
-import json
 import os
 import random
 import sys
@@ -26,6 +25,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import Meter as SdkMeter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from otel_llm import _content as ct
 from otel_llm import _semconv as sc
 from otel_llm._operation import Operation, Request
 from otel_llm._recording import _NO_EXEMPLAR, Batch, Histogram, NsPoint, Point, Series, flush_all
@@ -514,11 +514,11 @@ def _content_attributes(op: Operation) -> dict[str, str]:
     attributes: dict[str, str] = {}
     request = op.request
     if request.system_instructions:
-        attributes[sc.SYSTEM_INSTRUCTIONS] = json.dumps(request.system_instructions, default=str)
+        attributes[sc.SYSTEM_INSTRUCTIONS] = ct.to_json(request.system_instructions)
     if request.input_messages:
-        attributes[sc.INPUT_MESSAGES] = json.dumps(request.input_messages, default=str)
+        attributes[sc.INPUT_MESSAGES] = ct.to_json(request.input_messages)
     if op.output is not None:
         messages = op.output.messages(op.finish_reasons, op.error_type is not None)
         if messages:
-            attributes[sc.OUTPUT_MESSAGES] = json.dumps(messages, default=str)
+            attributes[sc.OUTPUT_MESSAGES] = ct.to_json(messages)
     return attributes

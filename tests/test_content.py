@@ -25,7 +25,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import otel_llm
+from otel_llm import _safety
 from otel_llm import _semconv as sc
+from otel_llm.providers import _claude
 from otel_llm.providers import anthropic as anthropic_adapter
 from otel_llm.providers import bedrock as bedrock_adapter
 from otel_llm.providers import openai as openai_adapter
@@ -355,3 +357,91 @@ def test_capture_on_gathers_every_chunk(record: Any, gathered: list[Any]) -> Non
     client, _ = sync_client([wire.Reply.stream(wire.chat_stream(["{}"], tool_call=True))])
     chunks = list(client.chat.completions.create(model="m", messages=CHAT, stream=True))
     assert len(gathered) == len(chunks) == 3
+
+
+# --- what is recorded never changes what is sent; a failure costs the content only --------------------------------
+
+
+def test_iterables_the_caller_passed_are_not_used_up(record: Any) -> None:
+    """The client reads them to build the request after we looked: we only read lists and tuples."""
+    record()
+    client, recorder = sync_client([wire.Reply.json(wire.chat_completion_body("ok"))])
+    calls = [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]
+    messages = [CHAT[0], {"role": "assistant", "content": None, "tool_calls": (call for call in calls)}]
+    client.chat.completions.create(model="m", messages=messages)
+    assert recorder.requests[0].json["messages"][1]["tool_calls"] == calls
+
+
+def test_a_content_shape_we_cannot_read_costs_the_content_not_the_operation(
+        record: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(_safety, "strict", False)
+    monkeypatch.setattr(_safety, "_reported", set())
+
+    def unreadable(messages: Any) -> Any:
+        raise RecursionError("a shape our conversion does not survive")
+
+    monkeypatch.setattr(_claude, "messages", unreadable)
+    recorded = record()
+    http, _ = wire.mock_client([wire.Reply.json(wa.message_body("ok", usage=wa.Usage(input=9, output=1)))])
+    client = anthropic.Anthropic(api_key=API_KEY, http_client=http, max_retries=0)
+    client.messages.create(model=wa.MODEL, max_tokens=8, system="Be brief.", messages=ANTHROPIC_MESSAGES[:1])
+    attrs = attributes(recorded.captured.span())
+    assert sc.INPUT_MESSAGES not in attrs and sc.SYSTEM_INSTRUCTIONS in attrs
+    assert attrs[sc.USAGE_OUTPUT_TOKENS] == 1
+    assert "otel_llm: internal failure in content; telemetry for this call is incomplete" in caplog.messages
+
+
+def test_arguments_json_has_no_words_for_are_written_as_strings(record: Any) -> None:
+    recorded = record()
+    arguments = '{"x": NaN, "y": Infinity}'
+    client, _ = sync_client([wire.Reply.json(wire.chat_completion_body("ok"))])
+    client.chat.completions.create(model="m", messages=[{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}]}])
+    recorded_json = attributes(recorded.captured.span())[sc.INPUT_MESSAGES]
+
+    def refuse(constant: str) -> None:
+        raise ValueError(constant)
+
+    decoded = json.loads(recorded_json, parse_constant=refuse)  # what strict parsers (JS, Go) read
+    assert decoded[0]["parts"][0]["arguments"] == {"x": "nan", "y": "inf"}
+
+
+# --- output is what the caller received --------------------------------------------------------------------------
+
+
+def test_openai_output_keeps_reasoning_refusal_and_audio_transcript(record: Any) -> None:
+    recorded = record()
+    events = wire.chat_stream(["Sunny"])
+    reasoning = json.loads(events[1].removeprefix(b"data: "))
+    reasoning["choices"][0]["delta"] = {"reasoning_content": "Check the sky."}
+    events.insert(1, wire.sse(reasoning))
+    body = wire.chat_completion_body("")
+    body["choices"][0]["message"].update(content=None, refusal="I can't help with that.",
+                                         audio={"id": "a", "data": PIXELS, "transcript": "Hello.", "expires_at": 1})
+    client, _ = sync_client([wire.Reply.stream(events), wire.Reply.json(body)])
+    list(client.chat.completions.create(model="m", messages=CHAT[:1], stream=True))
+    client.chat.completions.create(model="m", messages=CHAT[:1])
+    streamed, whole = (json.loads(attributes(span)[sc.OUTPUT_MESSAGES]) for span in recorded.captured.spans())
+    assert streamed[0]["parts"] == [{"type": "reasoning", "content": "Check the sky."}, text("Sunny")]
+    assert whole[0]["parts"] == [text("Hello."), {"type": "refusal", "content": "I can't help with that."}]
+
+
+def test_anthropic_output_keeps_its_thinking(record: Any) -> None:
+    recorded = record()
+    http, _ = wire.mock_client([wa.stream_reply(wa.message_events(
+        [("thinking", ["Hm", "m."]), ("text", ["Hi"])], usage=wa.Usage(input=9, output=5)))])
+    client = anthropic.Anthropic(api_key=API_KEY, http_client=http, max_retries=0)
+    list(client.messages.create(model=wa.MODEL, max_tokens=64, messages=ANTHROPIC_MESSAGES[:1], stream=True))
+    assert recorded.content()[sc.OUTPUT_MESSAGES][0]["parts"] == [{"type": "reasoning", "content": "Hmm."},
+                                                                  text("Hi")]
+
+
+def test_bedrock_invoke_body_with_several_generations_is_one_message_each(record: Any) -> None:
+    recorded = record()
+    body = {"id": "g", "generations": [{"id": "1", "text": "First.", "finish_reason": "COMPLETE"},
+                                       {"id": "2", "text": "Second.", "finish_reason": "COMPLETE"}]}
+    with wire.LoopbackServer([wb.invoke_reply(body)]) as server:
+        wb.client(server).invoke_model(modelId="cohere.command-text-v14",
+                                       body=json.dumps({"prompt": "Hi", "num_generations": 2}))
+    assert [message["parts"] for message in recorded.content()[sc.OUTPUT_MESSAGES]] == [[text("First.")],
+                                                                                      [text("Second.")]]

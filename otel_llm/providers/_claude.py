@@ -23,7 +23,7 @@ def part(block: Any) -> Part:
         return ct.tool_call(field(block, "id"), field(block, "name"), ct.plain(field(block, "input")))
     if kind == "tool_result":
         content = field(block, "content")
-        response = content if isinstance(content, str) else [part(item) for item in content or ()]
+        response = content if isinstance(content, str) else [part(item) for item in ct.listed(content)]
         return ct.tool_call_response(field(block, "tool_use_id"), response)
     if kind == "thinking":
         return ct.reasoning(field(block, "thinking"))
@@ -66,6 +66,8 @@ def read_content(output: Output, content: Any) -> None:
         kind = field(block, "type")
         if kind == "text":
             found.text(field(block, "text") or "", key)
+        elif kind == "thinking":
+            found.text(field(block, "thinking") or "", key, sc.PART_REASONING)
         elif kind == "tool_use":
             found.tool_call(key, field(block, "id"), field(block, "name"), whole=ct.plain(field(block, "input")))
 
@@ -78,6 +80,8 @@ def gather_event(output: Output, event: Any) -> None:
         delta_type = field(delta, "type")
         if delta_type == "text_delta":
             output.choice().text(field(delta, "text") or "", field(event, "index"))
+        elif delta_type == "thinking_delta":
+            output.choice().text(field(delta, "thinking") or "", field(event, "index"), sc.PART_REASONING)
         elif delta_type == "input_json_delta":
             output.choice().tool_call(field(event, "index"), fragment=field(delta, "partial_json"))
     elif kind == "content_block_start":

@@ -37,6 +37,7 @@ import anthropic
 from anthropic import AsyncStream, Stream
 from anthropic._response import APIResponse, AsyncAPIResponse
 
+from otel_llm import _content as ct
 from otel_llm import _semconv as sc
 from otel_llm._calls import Kind, Wrapper, async_call, span_stand_in, sync_call
 from otel_llm._content import Output
@@ -105,8 +106,8 @@ def _describe(instance: Any, kwargs: Mapping[str, Any], settings: Settings, *, s
         attributes=attributes,
     )
     if settings.capture_content.enabled:
-        request.system_instructions = _claude.system_instructions(kwargs.get("system"))
-        request.input_messages = _claude.messages(kwargs.get("messages"))
+        request.system_instructions = ct.safely(lambda: _claude.system_instructions(kwargs.get("system")))
+        request.input_messages = ct.safely(lambda: _claude.messages(kwargs.get("messages")))
     return request
 
 

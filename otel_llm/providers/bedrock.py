@@ -103,7 +103,7 @@ def _part(block: Any) -> Part:
         result = block["toolResult"]
         return ct.tool_call_response(field(result, "toolUseId"), [
             ct.plain(item["json"]) if isinstance(item, Mapping) and "json" in item else _part(item)
-            for item in field(result, "content") or ()])
+            for item in ct.listed(field(result, "content"))])
     if "reasoningContent" in block:
         return ct.reasoning(field(field(block["reasoningContent"], "reasoningText"), "text"))
     if "guardContent" in block:
@@ -131,7 +131,7 @@ def _input_messages(body: Mapping[str, Any]) -> list[Message]:
     """converse's messages and every invoke_model body's: messages (Claude, Nova, Mistral chat), Cohere's chat
     history, and a prompt's text."""
     found = [ct.message(str(item.get("role")).lower(), [ct.text(item.get("message"))])
-             for item in body.get("chat_history") or () if isinstance(item, Mapping)]
+             for item in ct.listed(body.get("chat_history")) if isinstance(item, Mapping)]
     found += [ct.message(field(message, "role"), _parts(field(message, "content")))
               for message in body.get("messages") or () if isinstance(message, Mapping)]
     for key in ("prompt", "inputText", "message"):
@@ -388,6 +388,10 @@ def _gather_converse_message(output: Output, message: object) -> None:
     for key, block in enumerate(field(message, "content") or ()):
         if isinstance(block.get("text"), str):
             found.text(block["text"], key)
+        elif "reasoningContent" in block:
+            reasoning = field(field(block["reasoningContent"], "reasoningText"), "text")
+            if isinstance(reasoning, str):
+                found.text(reasoning, key, sc.PART_REASONING)
         elif "toolUse" in block:
             tool = block["toolUse"]
             found.tool_call(key, tool.get("toolUseId"), tool.get("name"), whole=ct.plain(tool.get("input")))
@@ -400,6 +404,8 @@ def _gather_converse_event(output: Output, event: Mapping[str, Any]) -> None:
         delta, key = block.get("delta", {}), block.get("contentBlockIndex")
         if "text" in delta:
             output.choice().text(delta["text"], key)
+        elif isinstance(field(delta.get("reasoningContent"), "text"), str):
+            output.choice().text(delta["reasoningContent"]["text"], key, sc.PART_REASONING)
         elif "toolUse" in delta:
             output.choice().tool_call(key, fragment=delta["toolUse"].get("input"))
         return
@@ -424,21 +430,25 @@ def _gather_payload(output: Output, payload: object) -> None:
     elif "contentBlockDelta" in payload or "contentBlockStart" in payload:
         _gather_converse_event(output, payload)
     else:
-        for text in _texts(payload):
-            output.choice().text(text)
+        for index, text in _texts(payload):
+            output.choice(index).text(text)
 
 
-def _texts(payload: Mapping[str, Any]) -> list[str]:
-    """The output text of a body or chunk of Claude's text completions, Llama, Titan, Cohere or Mistral."""
-    found = [payload.get(key) for key in ("completion", "generation", "outputText")]
+def _texts(payload: Mapping[str, Any]) -> list[tuple[int, str]]:
+    """The output text of a body or chunk of Claude's text completions, Llama, Titan, Cohere or Mistral, by choice:
+    a body's results, generations, outputs or choices are one each (a chunk's carry their index)."""
+    found: list[tuple[int, object]] = [(0, payload.get(key)) for key in ("completion", "generation", "outputText")]
     if payload.get("event_type", "text-generation") == "text-generation":
-        found.append(payload.get("text"))
-    for item in payload.get("results") or payload.get("generations") or payload.get("outputs") \
-            or payload.get("choices") or ():
+        found.append((0, payload.get("text")))
+    items = payload.get("results") or payload.get("generations") or payload.get("outputs") or payload.get("choices")
+    for position, item in enumerate(ct.listed(items)):
+        if not isinstance(item, Mapping):
+            continue
         message = item.get("message") or item.get("delta")
         text = message.get("content") if isinstance(message, Mapping) else item.get("text", item.get("outputText"))
-        found.append(text)
-    return [text for text in found if isinstance(text, str) and text]
+        index = item.get("index")
+        found.append((index if isinstance(index, int) else position, text))
+    return [(index, text) for index, text in found if isinstance(text, str) and text]
 
 
 # --- endpoints ---------------------------------------------------------------------------------------------------
@@ -480,8 +490,8 @@ class _Endpoint:
             attributes=_request_parameters(body),
         )
         if settings.capture_content.enabled:
-            request.system_instructions = _parts(body.get("system", body.get("preamble"))) or None
-            request.input_messages = _input_messages(body)
+            request.system_instructions = ct.safely(lambda: _parts(body.get("system", body.get("preamble"))) or None)
+            request.input_messages = ct.safely(lambda: _input_messages(body))
         return request
 
     def request_body(self, kwargs: Mapping[str, Any]) -> Mapping[str, Any]:

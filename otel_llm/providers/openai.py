@@ -21,7 +21,7 @@ from openai._streaming import SSEDecoder
 from otel_llm import _content as ct
 from otel_llm import _semconv as sc
 from otel_llm._calls import Kind, after, async_call, sync_call
-from otel_llm._content import Message, Output, Part
+from otel_llm._content import Choice, Message, Output, Part
 from otel_llm._operation import Request
 from otel_llm._patching import Provider, Target
 from otel_llm._safety import report_failure
@@ -152,7 +152,7 @@ def _chat_messages(messages: Any) -> list[Message]:
             parts = [ct.tool_call_response(field(message, "tool_call_id"), _tool_result(content))]
         else:
             parts = _parts(content)
-            for call in field(message, "tool_calls") or ():
+            for call in ct.listed(field(message, "tool_calls")):
                 function = field(call, "function") or field(call, "custom")
                 parts.append(ct.tool_call(field(call, "id"), field(function, "name"),
                                           ct.arguments(field(function, "arguments") or field(function, "input"))))
@@ -181,7 +181,7 @@ def _responses_input(value: Any) -> list[Message]:
                 field(item, "call_id"), _tool_result(field(item, "output")))]))
         elif kind == "reasoning":
             found.append(ct.message(sc.ROLE_ASSISTANT, [
-                ct.reasoning(field(summary, "text")) for summary in field(item, "summary") or ()]))
+                ct.reasoning(field(summary, "text")) for summary in ct.listed(field(item, "summary"))]))
         else:  # built-in tools' calls (the model's) and their outputs
             is_output = isinstance(kind, str) and kind.endswith("_output")
             found.append(ct.message(sc.ROLE_TOOL if is_output else sc.ROLE_ASSISTANT, [ct.other(kind)]))
@@ -308,15 +308,35 @@ def _read_responses_usage(op: Operation, response: Any) -> None:
 
 
 def _read_responses_output(output: Output, response: Any) -> None:
-    """A whole Responses output, one choice: messages' text and function calls, keyed by their place in it."""
+    """A whole Responses output, one choice: messages' text and refusals, reasoning summaries and function calls,
+    keyed by their place in it."""
     found = output.choice()
     for key, item in enumerate(response.output or ()):
         if item.type == "message":
             for content in item.content:
                 if content.type == "output_text" and content.text:
                     found.text(content.text, key)
+                elif content.type == "refusal" and content.refusal:
+                    found.text(content.refusal, key, sc.PART_REFUSAL)
+        elif item.type == "reasoning":
+            for summary in item.summary or ():
+                if summary.text:
+                    found.text(summary.text, key, sc.PART_REASONING)
         elif item.type == "function_call":
             found.tool_call(key, item.call_id, item.name, item.arguments)
+
+
+def _gather_extras(found: Choice, message: Any) -> None:
+    """What a chat message or delta says beside its content: reasoning text (OpenAI-compatible servers' own field)
+    and the transcript of audio output."""
+    extra = message.model_extra
+    if extra:
+        reasoning = extra.get("reasoning_content") or extra.get("reasoning")
+        if isinstance(reasoning, str) and reasoning:
+            found.text(reasoning, kind=sc.PART_REASONING)
+    transcript = field(getattr(message, "audio", None), "transcript")
+    if isinstance(transcript, str) and transcript:
+        found.text(transcript)
 
 
 def _error_code(error: Any, otherwise: str) -> str:
@@ -419,7 +439,7 @@ class _Endpoint:
             attributes=_request_parameters(kwargs),
         )
         if settings.capture_content.enabled:
-            request.input_messages = self.input_messages(kwargs)
+            request.input_messages = ct.safely(lambda: self.input_messages(kwargs))
         return request
 
     def input_messages(self, kwargs: dict[str, Any]) -> list[Message]:
@@ -507,8 +527,11 @@ class _ChatCompletions(_Endpoint):
         if op.output is not None:
             for choice in result.choices:
                 found, message = op.output.choice(choice.index), choice.message
+                _gather_extras(found, message)
                 if message.content:
                     found.text(message.content)
+                if message.refusal:
+                    found.text(message.refusal, kind=sc.PART_REFUSAL)
                 for key, call in enumerate(message.tool_calls or ()):
                     function = field(call, "function") or field(call, "custom")
                     found.tool_call(key, call.id, field(function, "name"),
@@ -522,8 +545,11 @@ class _ChatCompletions(_Endpoint):
         for choice in chunk.choices:
             delta = choice.delta
             found = op.output.choice(choice.index)
+            _gather_extras(found, delta)
             if delta.content:
                 found.text(delta.content)
+            if delta.refusal:
+                found.text(delta.refusal, kind=sc.PART_REFUSAL)
             for call in delta.tool_calls or ():
                 function = call.function
                 found.tool_call(call.index, call.id, function and function.name, function and function.arguments)
