@@ -445,3 +445,13 @@ def test_bedrock_invoke_body_with_several_generations_is_one_message_each(record
                                        body=json.dumps({"prompt": "Hi", "num_generations": 2}))
     assert [message["parts"] for message in recorded.content()[sc.OUTPUT_MESSAGES]] == [[text("First.")],
                                                                                       [text("Second.")]]
+
+
+def test_bedrock_cohere_chat_history_roles_are_the_conventions(record: Any) -> None:
+    recorded = record()
+    body = {"message": "And now?", "chat_history": [{"role": "USER", "message": "Hi"},
+                                                    {"role": "CHATBOT", "message": "Hello."}]}
+    with wire.LoopbackServer([wb.invoke_reply({"response_id": "r", "text": "Now.", "finish_reason": "COMPLETE"})]) \
+            as server:
+        wb.client(server).invoke_model(modelId="cohere.command-r-v1:0", body=json.dumps(body))
+    assert [message["role"] for message in recorded.content()[sc.INPUT_MESSAGES]] == ["user", "assistant", "user"]

@@ -127,10 +127,15 @@ def _parts(content: Any) -> list[Part]:
     return [_part(block) for block in content if not (isinstance(block, Mapping) and "cachePoint" in block)]
 
 
+# Cohere's chat-history roles, as the conventions name them
+_COHERE_ROLES: Mapping[str, str] = {"USER": sc.ROLE_USER, "CHATBOT": sc.ROLE_ASSISTANT, "SYSTEM": "system"}
+
+
 def _input_messages(body: Mapping[str, Any]) -> list[Message]:
     """converse's messages and every invoke_model body's: messages (Claude, Nova, Mistral chat), Cohere's chat
     history, and a prompt's text."""
-    found = [ct.message(str(item.get("role")).lower(), [ct.text(item.get("message"))])
+    found = [ct.message(_COHERE_ROLES.get(str(item.get("role")).upper(), str(item.get("role")).lower()),
+                        [ct.text(item.get("message"))])
              for item in ct.listed(body.get("chat_history")) if isinstance(item, Mapping)]
     found += [ct.message(field(message, "role"), _parts(field(message, "content")))
               for message in body.get("messages") or () if isinstance(message, Mapping)]
