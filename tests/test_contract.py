@@ -22,7 +22,7 @@ from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
@@ -106,17 +106,19 @@ def test_our_failure_on_an_odd_chunk_is_swallowed_and_logged_once(
     assert otel.span().status.status_code is StatusCode.UNSET
 
 
+@pytest.mark.parametrize("method, where", [("on_start", "span start"), ("on_end", "span")])
 def test_a_span_processor_that_raises_costs_the_span_not_the_metrics(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, method: str, where: str) -> None:
     monkeypatch.setattr(_safety, "strict", False)
     monkeypatch.setattr(_safety, "_reported", set())
 
-    class Broken(SpanProcessor):
-        def on_end(self, span: ReadableSpan) -> None:
-            raise RuntimeError("a broken exporter pipeline")
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("a broken span pipeline")
 
+    processor = SpanProcessor()
+    setattr(processor, method, broken)
     tracer_provider = TracerProvider()
-    tracer_provider.add_span_processor(Broken())
+    tracer_provider.add_span_processor(processor)
     reader = InMemoryMetricReader()
     otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=MeterProvider(metric_readers=[reader]))
     try:
@@ -128,31 +130,7 @@ def test_a_span_processor_that_raises_costs_the_span_not_the_metrics(
         assert captured.point(sc.STABLE_NAMES.duration.name).count == 3
         assert captured.point(sc.STABLE_NAMES.time_to_first_chunk.name).count == 3
         assert [r.message for r in caplog.records] == [
-            "otel_llm: internal failure in span; telemetry for this call is incomplete"]
-    finally:
-        otel_llm.uninstrument()
-
-
-def test_a_span_processor_that_raises_on_start_costs_the_span_not_the_metrics(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_safety, "strict", False)
-    monkeypatch.setattr(_safety, "_reported", set())
-
-    class Broken(SpanProcessor):
-        def on_start(self, span: Any, parent_context: Any = None) -> None:
-            raise RuntimeError("a broken span pipeline")
-
-    tracer_provider = TracerProvider()
-    tracer_provider.add_span_processor(Broken())
-    reader = InMemoryMetricReader()
-    otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=MeterProvider(metric_readers=[reader]))
-    try:
-        client, _ = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
-        for _ in range(3):
-            list(client.chat.completions.create(model="m", messages=MESSAGES, stream=True))
-        captured = Captured(InMemorySpanExporter(), reader, tracer_provider)
-        assert captured.point(sc.STABLE_NAMES.duration.name).count == 3
-        assert captured.point(sc.STABLE_NAMES.time_to_first_chunk.name).exemplars == []  # no span to link to
+            f"otel_llm: internal failure in {where}; telemetry for this call is incomplete"]
     finally:
         otel_llm.uninstrument()
 
