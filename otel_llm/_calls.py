@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -44,8 +44,9 @@ class Endpoint(Protocol):
         """The kwargs to call with (a copy when changed, never the caller's dict mutated)."""
         ...
 
-    def refused(self, op: Operation, error: Exception) -> bool:
-        """Whether ``error`` is the server refusing what prepare() added: the caller's own request is sent then."""
+    def refused(self, op: Operation, error: Exception, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        """If ``error`` is the server refusing what prepare() added: the caller's request to send instead, as the
+        caller made it (``kwargs``); else None."""
         ...
 
     def kind(self, op: Operation, result: Any) -> Kind: ...
@@ -196,9 +197,10 @@ def _sync_send(wrapped: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[
     try:
         return wrapped(*args, **call_kwargs)
     except Exception as exc:
-        if call_kwargs is kwargs or not _refused(endpoint, op, exc) or not _resendable(kwargs):
+        again = None if call_kwargs is kwargs else _refused(endpoint, op, exc, kwargs)
+        if again is None:
             raise
-    return wrapped(*args, **kwargs)  # out of the except block: what it raises is not chained to the refusal
+    return wrapped(*args, **again)  # out of the except block: what it raises is not chained to the refusal
 
 
 async def _async_send(wrapped: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -206,23 +208,26 @@ async def _async_send(wrapped: Callable[..., Any], args: tuple[Any, ...], kwargs
     try:
         return await wrapped(*args, **call_kwargs)
     except Exception as exc:
-        if call_kwargs is kwargs or not _refused(endpoint, op, exc) or not _resendable(kwargs):
+        again = None if call_kwargs is kwargs else _refused(endpoint, op, exc, kwargs)
+        if again is None:
             raise
-    return await wrapped(*args, **kwargs)
+    return await wrapped(*args, **again)
 
 
-def _resendable(kwargs: dict[str, Any]) -> bool:
-    """Whether the caller's arguments can go out a second time: an iterator (messages from a generator) was used
-    up by the first send. Without a resend the refusal is the caller's; the server is remembered all the same."""
-    return not any(isinstance(value, Iterator) for value in kwargs.values())
-
-
-def _refused(endpoint: Endpoint, op: Operation, error: Exception) -> bool:
+def _refused(endpoint: Endpoint, op: Operation, error: Exception, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """What to send instead of a refused request; the operation's clock starts again with it, so TTFT and duration
+    are the answered request's, not our refused one's (the span still covers both)."""
     try:
-        return endpoint.refused(op, error)
+        again = endpoint.refused(op, error, kwargs)
     except Exception:
         report_failure("refusal")
-        return False
+        return None
+    if again is not None:
+        now = time.perf_counter_ns()
+        op.start_epoch_ns += now - op.start_ns
+        op.start_ns = op.last_activity_ns = now
+        op.headers_ns = 0
+    return again
 
 
 def _enter(telemetry: Telemetry, op: Operation) -> tuple[object, Token[Operation | None]]:

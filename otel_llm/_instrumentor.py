@@ -22,7 +22,7 @@ from otel_llm import _semconv
 from otel_llm._export import global_logger_provider, global_meter_provider, global_tracer_provider, nothing_configured
 from otel_llm._patching import Patches
 from otel_llm._settings import load_settings
-from otel_llm._telemetry import Telemetry
+from otel_llm._telemetry import Telemetry, stop_later_writer
 from otel_llm._version import __version__
 from otel_llm.providers import ADAPTERS
 
@@ -105,6 +105,7 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         self._generation += 1
         if self._telemetry is not None:
             self._telemetry.retired = True
+        stop_later_writer()
         self._telemetry = None
         self._patches.remove()
 

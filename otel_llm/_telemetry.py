@@ -379,13 +379,14 @@ LATER_WAIT_S: float | None = 1.0
 _later_wake = threading.Event()  # set to make the writer thread look at LATER_WAIT_S again
 _later_idle = threading.Event()  # clear while the writer thread writes
 _later_idle.set()
-_later_writer: threading.Thread | None = None
+# the writer thread and what stops it; None while not instrumented
+_later_writer: tuple[threading.Thread, threading.Event] | None = None
 
 
-def _write_later_in_time() -> None:
+def _write_later_in_time(stop: threading.Event) -> None:
     """A service with no more calls to make and no metric reader would see an abandoned stream's span only at
-    exit: this thread writes what waits at least every LATER_WAIT_S."""
-    while True:
+    exit: this thread writes what waits at least every LATER_WAIT_S, until uninstrument() stops it."""
+    while not stop.is_set():
         _later_wake.wait(LATER_WAIT_S)
         _later_wake.clear()
         if _LATER:
@@ -408,9 +409,21 @@ _EXIT_WAIT_S = 5.0
 
 def _start_later_writer() -> None:
     global _later_writer
-    if _later_writer is None or not _later_writer.is_alive():
-        _later_writer = threading.Thread(target=_write_later_in_time, name="otel_llm-writer", daemon=True)
-        _later_writer.start()
+    if _later_writer is None or not _later_writer[0].is_alive():
+        stop = threading.Event()
+        thread = threading.Thread(target=_write_later_in_time, args=(stop,), name="otel_llm-writer", daemon=True)
+        thread.start()
+        _later_writer = thread, stop
+
+
+def stop_later_writer() -> None:
+    """uninstrument(): the process goes back to no thread of ours (what still waits is written by the next
+    collection or the exit)."""
+    global _later_writer
+    if _later_writer is not None:
+        _later_writer[1].set()
+        _later_wake.set()
+        _later_writer = None
 
 
 def _after_fork() -> None:

@@ -455,3 +455,20 @@ def test_bedrock_cohere_chat_history_roles_are_the_conventions(record: Any) -> N
             as server:
         wb.client(server).invoke_model(modelId="cohere.command-r-v1:0", body=json.dumps(body))
     assert [message["role"] for message in recorded.content()[sc.INPUT_MESSAGES]] == ["user", "assistant", "user"]
+
+
+def test_openai_responses_failed_keeps_what_streamed(record: Any) -> None:
+    recorded = record()
+    failed = wire._response("resp_1", "gpt-4.1", "failed", [], None)
+    failed["error"] = {"code": "server_error", "message": "The model failed"}
+    where = {"item_id": "m", "output_index": 0, "content_index": 0, "logprobs": []}
+    events = [("response.created", {"response": wire._response("resp_1", "gpt-4.1", "in_progress", [], None)}),
+              ("response.output_text.delta", {**where, "delta": "He"}),
+              ("response.output_text.delta", {**where, "delta": "llo"}),
+              ("response.failed", {"response": failed})]
+    stream = [wire.sse({"type": kind, "sequence_number": n, **data}, event=kind) for n, (kind, data) in
+              enumerate(events)]
+    client, _ = sync_client([wire.Reply.stream(stream)])
+    list(client.responses.create(model="gpt-4.1", input="hi", stream=True))
+    assert recorded.content()[sc.OUTPUT_MESSAGES] == [
+        {"role": "assistant", "parts": [text("Hello")], "finish_reason": "failed"}]

@@ -406,12 +406,12 @@ def test_a_stream_whose_usage_chunk_never_comes_keeps_nothing_alive(
     otel.assert_finished(outcome)
 
 
-def refusing_server(refusal: str) -> wire.ReplySource:
+def refusing_server(refusal: str, delay: float = 0.0) -> wire.ReplySource:
     """A server that answers 400 to any request with stream_options (as Azure OpenAI before api-version
-    2024-09-01-preview does), with ``refusal`` as the message."""
+    2024-09-01-preview does), with ``refusal`` as the message, after ``delay``."""
     def answer(request: wire.RecordedRequest) -> wire.Reply:
         if "stream_options" in request.json:
-            return wire.Reply.json(wire.error_body(refusal), status=400)
+            return wire.Reply.json(wire.error_body(refusal), status=400, headers_delay=delay)
         return wire.Reply.stream(wire.chat_stream(TOKENS))
 
     return answer
@@ -467,14 +467,45 @@ def test_a_refusal_that_only_echoes_the_request_is_not_about_stream_options(
     assert "stream_options" in recorder.requests[-1].json
 
 
-def test_messages_from_a_generator_are_sent_once_and_as_they_are(otel: Captured,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """A second send could not have them: no usage is asked for, so no refusal can need one."""
+@pytest.mark.parametrize("iterables", ["messages", "tools", "content parts"])
+def test_iterators_the_caller_passes_reach_the_server_whatever_it_refuses(
+        instrument: Any, monkeypatch: pytest.MonkeyPatch, iterables: str) -> None:
+    """A refused request's iterators were used up sending it: an iterator argument is not asked for usage at all,
+    and a resend takes the messages as the client sent them."""
     monkeypatch.setattr(openai_adapter, "_NO_STREAM_OPTIONS", set())
-    client, recorder = sync_client(refusing_server("Unrecognized request argument supplied: stream_options"))
-    chunks = list(client.chat.completions.create(model="m", messages=(m for m in MESSAGES), stream=True))
-    assert len(chunks) == 5
-    assert [request.json["messages"] for request in recorder.requests] == [MESSAGES]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+    parts = [{"type": "text", "text": "What is"}, {"type": "text", "text": " 2+2?"}]
+
+    def call(client: Any) -> list[Any]:
+        kwargs: dict[str, Any] = {"model": "m", "stream": True, "messages": [{"role": "user", "content": parts}]}
+        if iterables == "messages":
+            kwargs["messages"] = (message for message in kwargs["messages"])
+        elif iterables == "tools":
+            kwargs["tools"] = (tool for tool in tools)
+        else:
+            kwargs["messages"] = [{"role": "user", "content": (part for part in parts)}]
+        return list(client.chat.completions.create(**kwargs))
+
+    refusing = refusing_server("Unrecognized request argument supplied: stream_options")
+    client, bare = sync_client(refusing)
+    call(client)
+    otel = instrument()
+    client, recorder = sync_client(refusing)
+    assert len(call(client)) == 5
+    assert recorder.requests[-1].json == bare.requests[-1].json
+    otel.assert_finished(None)
+
+
+def test_time_to_first_chunk_is_the_answered_requests_after_a_refusal(
+        otel: Captured, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(openai_adapter, "_NO_STREAM_OPTIONS", set())
+    client, _ = sync_client(refusing_server("Unrecognized request argument supplied: stream_options", delay=0.3))
+    list(client.chat.completions.create(model="m", messages=MESSAGES, stream=True))
+    span = otel.span()
+    assert span.end_time is not None and span.start_time is not None
+    assert (span.end_time - span.start_time) / 1e9 >= 0.3  # the span covers the refused request too
+    assert attributes(span)[sc.RESPONSE_TIME_TO_FIRST_CHUNK] < 0.2
+    assert otel.point(sc.STABLE_NAMES.duration.name).sum < 0.2
 
 
 def test_a_refusal_of_something_else_is_the_callers_error(otel: Captured, monkeypatch: pytest.MonkeyPatch) -> None:

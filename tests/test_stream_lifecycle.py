@@ -23,6 +23,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+import otel_llm
 from otel_llm import _semconv as sc
 from otel_llm import _telemetry
 from otel_llm._operation import Request
@@ -259,6 +260,19 @@ def test_a_forked_child_does_not_write_what_its_parent_left_waiting() -> None:
                             cwd=Path(__file__).parent)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["True", sc.ERROR_ABANDONED]  # once, by the parent
+
+
+def test_uninstrument_leaves_no_thread_of_ours() -> None:
+    def writers() -> list[threading.Thread]:
+        return [thread for thread in threading.enumerate() if thread.name == "otel_llm-writer"]
+
+    otel_llm.instrument(tracer_provider=TracerProvider(), meter_provider=MeterProvider())
+    assert len(writers()) == 1
+    otel_llm.uninstrument()
+    deadline = time.monotonic() + 5
+    while writers() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert writers() == []
 
 
 def test_a_pending_read_closed_by_the_garbage_collector_is_written_later() -> None:

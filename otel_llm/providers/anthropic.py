@@ -205,8 +205,8 @@ class _Messages:
         if op.output is not None:
             _claude.read_content(op.output, result.content)
 
-    def refused(self, op: Operation, error: Exception) -> bool:
-        return False  # prepare() adds nothing to the request
+    def refused(self, op: Operation, error: Exception, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        return None  # prepare() adds nothing to the request
 
     def read_error(self, op: Operation, error: BaseException) -> None:
         if not isinstance(error, anthropic.APIStatusError):

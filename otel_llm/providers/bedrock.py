@@ -525,8 +525,8 @@ class _Endpoint:
     def read(self, op: Operation, result: Any) -> None:
         raise NotImplementedError
 
-    def refused(self, op: Operation, error: Exception) -> bool:
-        return False  # prepare() adds nothing to the request
+    def refused(self, op: Operation, error: Exception, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        return None  # prepare() adds nothing to the request
 
     def read_error(self, op: Operation, error: BaseException) -> None:
         if isinstance(error, ClientError):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 import openai
@@ -453,8 +453,8 @@ class _Endpoint:
         headers = kwargs.get("extra_headers")
         if isinstance(headers, Mapping) and RAW_RESPONSE_HEADER in headers:
             return kwargs  # a raw response: its caller may read the SSE lines, where our chunk could not be hidden
-        if any(isinstance(kwargs.get(key), Iterator) for key in self.prompt_keys):
-            return kwargs  # messages from a generator: a server that refused our request could not get them again
+        if any(hasattr(type(value), "__next__") for value in kwargs.values()):
+            return kwargs  # an iterator argument (tools from a generator): a refused request could not go out again
         if (op.request.server_address, op.request.server_port) in _NO_STREAM_OPTIONS:
             return kwargs
         # The client lays extra_body over the typed arguments: a stream_options there is the one the server gets.
@@ -474,18 +474,20 @@ class _Endpoint:
         op.hide_usage_chunk = True
         return {**kwargs, "extra_body": {**extra, "stream_options": {**options, "include_usage": True}}}
 
-    def refused(self, op: Operation, error: Exception) -> bool:
+    def refused(self, op: Operation, error: Exception, kwargs: dict[str, Any]) -> dict[str, Any] | None:
         """Servers that do not take stream_options (Azure OpenAI before api-version 2024-09-01-preview, strict
-        compatible gateways) answer our usage request with a 400 that names it: the server is remembered, and
-        this call goes out again as the caller made it."""
+        compatible gateways) answer our usage request with an error that names it: the server is remembered, and
+        this call goes out again as the caller made it. Its prompt as the client sent it the first time: the
+        caller's messages may hold iterators (content parts from a generator) that sending used up."""
         if not (op.hide_usage_chunk and isinstance(error, (openai.BadRequestError, openai.UnprocessableEntityError))
                 and _names_stream_options(error.body)):
-            return False
+            return None
         if len(_NO_STREAM_OPTIONS) >= _MAX_REMEMBERED_SERVERS:
             _NO_STREAM_OPTIONS.clear()
         _NO_STREAM_OPTIONS.add((op.request.server_address, op.request.server_port))
         op.hide_usage_chunk = False
-        return True
+        sent = json.loads(error.response.request.content)
+        return {**kwargs, **{key: sent[key] for key in self.prompt_keys if key in kwargs and key in sent}}
 
     def kind(self, op: Operation, result: Any) -> Kind:
         if isinstance(result, (Stream, AsyncStream)):
@@ -598,12 +600,13 @@ class _Responses(_Endpoint):
             _read_responses_output(op.output, result)
 
     def gather(self, op: Operation, chunk: Any) -> None:
-        """Text as it streams; the whole output from the final event, which says every call's id and name."""
+        """Text as it streams; the whole output from the final event, which says every call's id and name (a
+        failed response's may be empty: what streamed is kept then)."""
         event = chunk.type
         if event == "response.output_text.delta":
             assert op.output is not None  # gather runs only when capture is on
             op.output.choice().text(chunk.delta, chunk.output_index)
-        elif event in _RESPONSES_FINAL_EVENTS:
+        elif event in _RESPONSES_FINAL_EVENTS and chunk.response.output:
             op.output = Output()
             _read_responses_output(op.output, chunk.response)
 
