@@ -43,10 +43,15 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             self._generation = 0
 
     def instrument(self, **kwargs: Any) -> Any:
-        result = super().instrument(**kwargs)
-        if self._telemetry is None:  # the set-up failed (logged): not instrumented, so a later call may try again
-            self._is_instrumented_by_opentelemetry = False
-        return result
+        with _ONE_AT_A_TIME:  # threads calling it together: one instruments, the others find it done
+            result = super().instrument(**kwargs)
+            if self._telemetry is None:  # the set-up failed (logged): not instrumented, a later call may try again
+                self._is_instrumented_by_opentelemetry = False
+            return result
+
+    def uninstrument(self, **kwargs: Any) -> Any:
+        with _ONE_AT_A_TIME:
+            return super().uninstrument(**kwargs)
 
     def instrumentation_dependencies(self) -> Collection[str]:
         # each client is optional and checked on its own when patching
@@ -108,6 +113,9 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         stop_later_writer()
         self._telemetry = None
         self._patches.remove()
+
+
+_ONE_AT_A_TIME = threading.RLock()
 
 
 def _being_imported(name: str) -> bool:

@@ -62,7 +62,6 @@ class Telemetry:
         # registered first, and the providers registered theirs when they were made, before this
         atexit.unregister(_write_at_exit)
         atexit.register(_write_at_exit)
-        _start_later_writer()
 
         def counter(instrument: sc.Instrument | None) -> Any:
             if instrument is None:
@@ -81,6 +80,7 @@ class Telemetry:
         self._prompt_length = shared.histogram(meter, names.prompt_length)
         # what each kind of operation records into, by _series_key()
         self._series: dict[tuple[Any, ...], _Series] = {}
+        _start_later_writer()  # last: a set-up that failed leaves no thread behind
 
     # --- lifecycle -------------------------------------------------------------------------------------------
 
@@ -214,7 +214,7 @@ class Telemetry:
                 attributes[sc.RATE_LIMIT_LIMIT_PREFIX + resource] = limit
         attributes.update(op.attributes)
         if self.settings.capture_content.on_span:
-            attributes.update(_content_attributes(op))
+            attributes.update(ct.safely(lambda: _content_attributes(op)) or {})
         if op.error_type is not None:
             attributes[sc.ERROR_TYPE] = op.error_type
             span.set_status(Status(StatusCode.ERROR, op.error_type))
@@ -228,7 +228,7 @@ class Telemetry:
         attributes = _identity(op.request)
         if op.response_id is not None:
             attributes[sc.RESPONSE_ID] = op.response_id
-        attributes.update(_content_attributes(op))
+        attributes.update(ct.safely(lambda: _content_attributes(op)) or {})
         logger.emit(event_name=sc.EVENT_OPERATION_DETAILS, attributes=attributes, context=op.context,
                     timestamp=op.start_epoch_ns + (op.end_ns - op.start_ns))
 
@@ -381,6 +381,7 @@ _later_idle = threading.Event()  # clear while the writer thread writes
 _later_idle.set()
 # the writer thread and what stops it; None while not instrumented
 _later_writer: tuple[threading.Thread, threading.Event] | None = None
+_later_lock = threading.Lock()
 
 
 def _write_later_in_time(stop: threading.Event) -> None:
@@ -409,28 +410,32 @@ _EXIT_WAIT_S = 5.0
 
 def _start_later_writer() -> None:
     global _later_writer
-    if _later_writer is None or not _later_writer[0].is_alive():
-        stop = threading.Event()
-        thread = threading.Thread(target=_write_later_in_time, args=(stop,), name="otel_llm-writer", daemon=True)
-        thread.start()
-        _later_writer = thread, stop
+    with _later_lock:
+        if _later_writer is None or not _later_writer[0].is_alive():
+            stop = threading.Event()
+            thread = threading.Thread(target=_write_later_in_time, args=(stop,), name="otel_llm-writer",
+                                      daemon=True)
+            thread.start()
+            _later_writer = thread, stop
 
 
 def stop_later_writer() -> None:
     """uninstrument(): the process goes back to no thread of ours (what still waits is written by the next
     collection or the exit)."""
     global _later_writer
-    if _later_writer is not None:
-        _later_writer[1].set()
-        _later_wake.set()
-        _later_writer = None
+    with _later_lock:
+        if _later_writer is not None:
+            _later_writer[1].set()
+            _later_wake.set()
+            _later_writer = None
 
 
 def _after_fork() -> None:
     """In a forked child: what waits is the parent's to write (the SDK's span processors drop their queues too), and
     threads do not survive a fork, so a writer that ran needs a new one, with a fresh event."""
-    global _later_writer, _later_wake, _later_idle
+    global _later_writer, _later_wake, _later_idle, _later_lock
     _LATER.clear()
+    _later_lock = threading.Lock()  # another thread may have held it at the fork
     if _later_writer is not None:
         _later_wake, _later_idle = threading.Event(), threading.Event()
         _later_idle.set()

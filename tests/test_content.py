@@ -472,3 +472,17 @@ def test_openai_responses_failed_keeps_what_streamed(record: Any) -> None:
     list(client.responses.create(model="gpt-4.1", input="hi", stream=True))
     assert recorded.content()[sc.OUTPUT_MESSAGES] == [
         {"role": "assistant", "parts": [text("Hello")], "finish_reason": "failed"}]
+
+
+def test_content_we_cannot_write_costs_the_content_not_the_span(
+        record: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tool arguments nested deeper than Python recursion goes, with a NaN in them: the span still ends."""
+    monkeypatch.setattr(_safety, "strict", False)
+    monkeypatch.setattr(_safety, "_reported", set())
+    recorded = record("SPAN_ONLY")
+    arguments = "[" * 900 + "NaN" + "]" * 900
+    client, _ = sync_client([wire.Reply.json(wire.chat_completion_body("ok"))])
+    client.chat.completions.create(model="m", messages=[{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}]}])
+    attrs = attributes(recorded.captured.span())
+    assert sc.INPUT_MESSAGES not in attrs and attrs[sc.RESPONSE_FINISH_REASONS] == ("stop",)

@@ -8,6 +8,7 @@ import logging
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -158,19 +159,35 @@ def test_a_hook_left_in_place_under_another_librarys_wrapper_counts_nothing_twic
         base_client.SyncAPIClient._sleep_for_retry = wrapper
 
 
-def test_providers_that_raise_leave_instrument_a_logged_no_op(
-        instrument: Instrument, caplog: pytest.LogCaptureFixture) -> None:
-    class Refusing(TracerProvider):
-        def get_tracer(self, *args: Any, **kwargs: Any) -> Any:
-            raise RuntimeError("no tracers here")
+class RefusingTracers(TracerProvider):
+    def get_tracer(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("no tracers here")
 
+
+class RefusingHistograms(MeterProvider):
+    def get_meter(self, *args: Any, **kwargs: Any) -> Any:
+        meter = super().get_meter(*args, **kwargs)
+
+        def refuse(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("no histograms here")
+
+        meter.create_histogram = refuse  # type: ignore[method-assign]
+        return meter
+
+
+@pytest.mark.parametrize("providers", [(RefusingTracers, MeterProvider), (TracerProvider, RefusingHistograms)],
+                         ids=["tracer provider", "meter"])
+def test_providers_that_raise_leave_instrument_a_logged_no_op(
+        instrument: Instrument, caplog: pytest.LogCaptureFixture, providers: tuple[Any, Any]) -> None:
     cls = openai.resources.chat.completions.completions.Completions
     original = vars(cls)["create"]
+    tracer_provider, meter_provider = providers
     with caplog.at_level(logging.WARNING, logger="otel_llm"):
-        otel_llm.instrument(tracer_provider=Refusing(), meter_provider=MeterProvider())
+        otel_llm.instrument(tracer_provider=tracer_provider(), meter_provider=meter_provider())
     try:
         assert vars(cls)["create"] is original
         assert "otel_llm: cannot set up its telemetry; not instrumenting" in [r.message for r in caplog.records]
+        assert [thread for thread in threading.enumerate() if thread.name == "otel_llm-writer"] == []
         captured = instrument()  # providers that work: not taken for a second call, this one instruments
         client, _ = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
         client.chat.completions.create(model="m", messages=MESSAGES)

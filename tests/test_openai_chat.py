@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import gzip
 import json
 import re
 from typing import Any
@@ -467,7 +468,7 @@ def test_a_refusal_that_only_echoes_the_request_is_not_about_stream_options(
     assert "stream_options" in recorder.requests[-1].json
 
 
-@pytest.mark.parametrize("iterables", ["messages", "tools", "content parts"])
+@pytest.mark.parametrize("iterables", ["messages", "tools", "content parts", "prediction parts"])
 def test_iterators_the_caller_passes_reach_the_server_whatever_it_refuses(
         instrument: Any, monkeypatch: pytest.MonkeyPatch, iterables: str) -> None:
     """A refused request's iterators were used up sending it: an iterator argument is not asked for usage at all,
@@ -482,8 +483,10 @@ def test_iterators_the_caller_passes_reach_the_server_whatever_it_refuses(
             kwargs["messages"] = (message for message in kwargs["messages"])
         elif iterables == "tools":
             kwargs["tools"] = (tool for tool in tools)
-        else:
+        elif iterables == "content parts":
             kwargs["messages"] = [{"role": "user", "content": (part for part in parts)}]
+        else:
+            kwargs["prediction"] = {"type": "content", "content": (part for part in parts)}
         return list(client.chat.completions.create(**kwargs))
 
     refusing = refusing_server("Unrecognized request argument supplied: stream_options")
@@ -493,6 +496,31 @@ def test_iterators_the_caller_passes_reach_the_server_whatever_it_refuses(
     client, recorder = sync_client(refusing)
     assert len(call(client)) == 5
     assert recorder.requests[-1].json == bare.requests[-1].json
+    otel.assert_finished(None)
+
+
+def test_a_refusal_of_a_body_we_cannot_read_back_sends_the_callers_arguments(
+        otel: Captured, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that compresses its request bodies: the refused body is not JSON to us."""
+    monkeypatch.setattr(openai_adapter, "_NO_STREAM_OPTIONS", set())
+    http = wire.http_module()
+
+    def answer(request: wire.RecordedRequest) -> wire.Reply:
+        if "stream_options" in json.loads(gzip.decompress(request.body)):
+            return wire.Reply.json(wire.error_body("Unrecognized request argument supplied: stream_options"),
+                                   status=400)
+        return wire.Reply.stream(wire.chat_stream(TOKENS))
+
+    class Compressing(http.Client):  # type: ignore[misc, name-defined]
+        def send(self, request: Any, **kwargs: Any) -> Any:
+            body = gzip.compress(request.read())
+            headers = {**request.headers, "content-encoding": "gzip", "content-length": str(len(body))}
+            return super().send(http.Request(request.method, request.url, headers=headers, content=body), **kwargs)
+
+    recorder = wire.Recorder(answer)
+    client = openai.OpenAI(api_key="k", base_url="https://api.openai.com/v1", max_retries=0,
+                           http_client=Compressing(transport=http.MockTransport(wire._InProcessServer(recorder).handle)))
+    assert len(list(client.chat.completions.create(model="m", messages=MESSAGES, stream=True))) == 5
     otel.assert_finished(None)
 
 

@@ -262,17 +262,48 @@ def test_a_forked_child_does_not_write_what_its_parent_left_waiting() -> None:
     assert result.stdout.split() == ["True", sc.ERROR_ABANDONED]  # once, by the parent
 
 
-def test_uninstrument_leaves_no_thread_of_ours() -> None:
-    def writers() -> list[threading.Thread]:
-        return [thread for thread in threading.enumerate() if thread.name == "otel_llm-writer"]
+def writers() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == "otel_llm-writer"]
 
-    otel_llm.instrument(tracer_provider=TracerProvider(), meter_provider=MeterProvider())
-    assert len(writers()) == 1
-    otel_llm.uninstrument()
+
+def wait_for_no_writer() -> None:
     deadline = time.monotonic() + 5
     while writers() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert writers() == []
+
+
+def test_uninstrument_leaves_no_thread_of_ours() -> None:
+    otel_llm.instrument(tracer_provider=TracerProvider(), meter_provider=MeterProvider())
+    assert len(writers()) == 1
+    otel_llm.uninstrument()
+    wait_for_no_writer()
+
+
+def test_threads_instrumenting_together_instrument_once() -> None:
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    meter_provider = MeterProvider()
+    start = threading.Barrier(8)
+
+    def instrument() -> None:
+        start.wait()
+        otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
+
+    threads = [threading.Thread(target=instrument) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    try:
+        client, _ = sync_client(server())
+        client.chat.completions.create(model="m", messages=MESSAGES)
+        assert len(exporter.get_finished_spans()) == 1
+        assert len(writers()) == 1
+    finally:
+        otel_llm.uninstrument()
+    wait_for_no_writer()
 
 
 def test_a_pending_read_closed_by_the_garbage_collector_is_written_later() -> None:

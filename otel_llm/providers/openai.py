@@ -477,8 +477,9 @@ class _Endpoint:
     def refused(self, op: Operation, error: Exception, kwargs: dict[str, Any]) -> dict[str, Any] | None:
         """Servers that do not take stream_options (Azure OpenAI before api-version 2024-09-01-preview, strict
         compatible gateways) answer our usage request with an error that names it: the server is remembered, and
-        this call goes out again as the caller made it. Its prompt as the client sent it the first time: the
-        caller's messages may hold iterators (content parts from a generator) that sending used up."""
+        this call goes out again as the caller made it. Its parameters as the client sent them the first time:
+        they may hold iterators (content parts from a generator) that sending used up. A body that is not JSON
+        here (a client that compresses it) leaves the caller's own arguments to send."""
         if not (op.hide_usage_chunk and isinstance(error, (openai.BadRequestError, openai.UnprocessableEntityError))
                 and _names_stream_options(error.body)):
             return None
@@ -486,8 +487,14 @@ class _Endpoint:
             _NO_STREAM_OPTIONS.clear()
         _NO_STREAM_OPTIONS.add((op.request.server_address, op.request.server_port))
         op.hide_usage_chunk = False
-        sent = json.loads(error.response.request.content)
-        return {**kwargs, **{key: sent[key] for key in self.prompt_keys if key in kwargs and key in sent}}
+        try:
+            sent = json.loads(error.response.request.content)
+        except Exception:  # not JSON, or not read into memory
+            return kwargs
+        if not isinstance(sent, dict):
+            return kwargs
+        # stream_options as sent holds what we added
+        return {**kwargs, **{key: sent[key] for key in kwargs if key in sent and key != "stream_options"}}
 
     def kind(self, op: Operation, result: Any) -> Kind:
         if isinstance(result, (Stream, AsyncStream)):
