@@ -60,7 +60,8 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     def _instrument(self, **kwargs: Any) -> None:
         settings = load_settings()
         try:
-            set_up = nothing_configured()  # before either is set up here
+            # before either is set up here; a provider passed is a set-up of the application's own too
+            set_up = nothing_configured() and not (kwargs.get("tracer_provider") or kwargs.get("meter_provider"))
             tracer_provider = kwargs.get("tracer_provider") or global_tracer_provider(set_up)
             meter_provider = kwargs.get("meter_provider") or global_meter_provider(set_up)
             logger = None

@@ -161,6 +161,19 @@ def test_applications_own_providers_are_kept(receiver: Receiver, tmp_path: Path)
     assert receiver.traces == [] and receiver.metrics == []  # nothing sent behind the application's back
 
 
+def test_a_provider_passed_is_a_set_up_of_the_applications_own(receiver: Receiver, tmp_path: Path) -> None:
+    setup = textwrap.dedent("""
+        from opentelemetry import metrics
+        from opentelemetry.sdk.trace import TracerProvider
+        import otel_llm
+        otel_llm.instrument(tracer_provider=TracerProvider())
+        print(type(metrics.get_meter_provider()).__name__)
+    """)
+    out = run_app([sys.executable], setup, otlp_env(receiver), tmp_path)
+    assert out.split() == ["_ProxyMeterProvider", "Hi!"]
+    assert receiver.traces == [] and receiver.metrics == []
+
+
 def test_content_events_are_not_exported_behind_an_applications_own_set_up(receiver: Receiver, tmp_path: Path) -> None:
     setup = textwrap.dedent("""
         from opentelemetry import trace, metrics
