@@ -7,6 +7,7 @@ import contextlib
 import importlib
 import importlib.util
 import logging
+import os
 import sys
 import threading
 from collections.abc import Callable, Collection
@@ -43,40 +44,53 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             self._generation = 0
 
     def instrument(self, **kwargs: Any) -> Any:
-        with _ONE_AT_A_TIME:  # threads calling it together: one instruments, the others find it done
+        """One call instruments; others, from other threads or from an import hook inside it, find it claimed and
+        return at once. No lock is held while it runs: it imports, and an import may wait on another thread."""
+        with _CLAIM:
+            if _claimed:
+                return None
+            _claimed.append(True)
+        result = None
+        try:
             result = super().instrument(**kwargs)
+        finally:
             if self._telemetry is None:  # the set-up failed (logged): not instrumented, a later call may try again
                 self._is_instrumented_by_opentelemetry = False
-            return result
+                _claimed.clear()
+        return result
 
     def uninstrument(self, **kwargs: Any) -> Any:
-        with _ONE_AT_A_TIME:
-            return super().uninstrument(**kwargs)
+        result = super().uninstrument(**kwargs)
+        _claimed.clear()
+        return result
 
     def instrumentation_dependencies(self) -> Collection[str]:
         # each client is optional and checked on its own when patching
         return ()
 
     def _instrument(self, **kwargs: Any) -> None:
-        settings = load_settings()
         try:
-            # before either is set up here; a provider passed is a set-up of the application's own too
-            set_up = nothing_configured() and not (kwargs.get("tracer_provider") or kwargs.get("meter_provider"))
-            tracer_provider = kwargs.get("tracer_provider") or global_tracer_provider(set_up)
-            meter_provider = kwargs.get("meter_provider") or global_meter_provider(set_up)
-            logger = None
-            if settings.capture_content.on_event:
-                logger_provider = kwargs.get("logger_provider") or global_logger_provider(set_up)
-                logger = get_logger(_semconv.INSTRUMENTATION_SCOPE, __version__, logger_provider)
-            telemetry = Telemetry(
-                trace.get_tracer(_semconv.INSTRUMENTATION_SCOPE, __version__, tracer_provider),
-                metrics.get_meter(_semconv.INSTRUMENTATION_SCOPE, __version__, meter_provider),
-                settings,
-                logger,
-            )
-        except Exception:  # providers that raise: the application runs on, uninstrumented
+            self._set_up(**kwargs)
+        except Exception:  # providers that raise, a broken install: the application runs on, uninstrumented
             _log.warning("otel_llm: cannot set up its telemetry; not instrumenting", exc_info=True)
-            return
+            self._uninstrument()
+
+    def _set_up(self, **kwargs: Any) -> None:
+        settings = load_settings()
+        # before either is set up here; a provider passed is a set-up of the application's own too
+        set_up = nothing_configured() and not (kwargs.get("tracer_provider") or kwargs.get("meter_provider"))
+        tracer_provider = kwargs.get("tracer_provider") or global_tracer_provider(set_up)
+        meter_provider = kwargs.get("meter_provider") or global_meter_provider(set_up)
+        logger = None
+        if settings.capture_content.on_event:
+            logger_provider = kwargs.get("logger_provider") or global_logger_provider(set_up)
+            logger = get_logger(_semconv.INSTRUMENTATION_SCOPE, __version__, logger_provider)
+        telemetry = Telemetry(
+            trace.get_tracer(_semconv.INSTRUMENTATION_SCOPE, __version__, tracer_provider),
+            metrics.get_meter(_semconv.INSTRUMENTATION_SCOPE, __version__, meter_provider),
+            settings,
+            logger,
+        )
         self._telemetry = telemetry
         # A client is patched when the application imports it (at once if it already has): instrument() does not
         # import clients the application never uses (botocore and anthropic alone take ~1 s).
@@ -116,7 +130,17 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         self._patches.remove()
 
 
-_ONE_AT_A_TIME = threading.RLock()
+# whether instrument() has been called and not undone; guarded by _CLAIM, held only to look and claim
+_claimed: list[bool] = []
+_CLAIM = threading.Lock()
+
+
+def _after_fork() -> None:
+    global _CLAIM
+    _CLAIM = threading.Lock()  # another thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def _being_imported(name: str) -> bool:

@@ -214,7 +214,7 @@ class Telemetry:
                 attributes[sc.RATE_LIMIT_LIMIT_PREFIX + resource] = limit
         attributes.update(op.attributes)
         if self.settings.capture_content.on_span:
-            attributes.update(ct.safely(lambda: _content_attributes(op)) or {})
+            attributes.update(_content_attributes(op))
         if op.error_type is not None:
             attributes[sc.ERROR_TYPE] = op.error_type
             span.set_status(Status(StatusCode.ERROR, op.error_type))
@@ -228,7 +228,7 @@ class Telemetry:
         attributes = _identity(op.request)
         if op.response_id is not None:
             attributes[sc.RESPONSE_ID] = op.response_id
-        attributes.update(ct.safely(lambda: _content_attributes(op)) or {})
+        attributes.update(_content_attributes(op))
         logger.emit(event_name=sc.EVENT_OPERATION_DETAILS, attributes=attributes, context=op.context,
                     timestamp=op.start_epoch_ns + (op.end_ns - op.start_ns))
 
@@ -528,15 +528,24 @@ def _time_per_output_token(op: Operation) -> float | None:
 
 
 def _content_attributes(op: Operation) -> dict[str, str]:
-    """Content as the conventions' JSON strings (see _content); the same on the span and the event."""
+    """Content as the conventions' JSON strings (see _content); the same on the span and the event. Each attribute
+    on its own: one that cannot be written costs itself only."""
     attributes: dict[str, str] = {}
-    request = op.request
+    request, output = op.request, op.output
+
+    def put(key: str, build: Callable[[], str | None]) -> None:
+        value = ct.safely(build)
+        if value is not None:
+            attributes[key] = value
+
     if request.system_instructions:
-        attributes[sc.SYSTEM_INSTRUCTIONS] = ct.to_json(request.system_instructions)
+        put(sc.SYSTEM_INSTRUCTIONS, lambda: ct.to_json(request.system_instructions))
     if request.input_messages:
-        attributes[sc.INPUT_MESSAGES] = ct.to_json(request.input_messages)
-    if op.output is not None:
-        messages = op.output.messages(op.finish_reasons, op.error_type is not None)
-        if messages:
-            attributes[sc.OUTPUT_MESSAGES] = ct.to_json(messages)
+        put(sc.INPUT_MESSAGES, lambda: ct.to_json(request.input_messages))
+    if output is not None:
+        def output_messages() -> str | None:
+            messages = output.messages(op.finish_reasons, op.error_type is not None)
+            return ct.to_json(messages) if messages else None
+
+        put(sc.OUTPUT_MESSAGES, output_messages)
     return attributes

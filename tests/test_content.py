@@ -486,3 +486,4 @@ def test_content_we_cannot_write_costs_the_content_not_the_span(
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}]}])
     attrs = attributes(recorded.captured.span())
     assert sc.INPUT_MESSAGES not in attrs and attrs[sc.RESPONSE_FINISH_REASONS] == ("stop",)
+    assert json.loads(attrs[sc.OUTPUT_MESSAGES])[0]["parts"] == [text("ok")]  # the rest of the content stays

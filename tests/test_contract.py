@@ -9,6 +9,8 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -650,3 +652,115 @@ def test_an_extra_body_of_the_callers_own_kind_is_sent_untouched(otel: Captured)
                                         extra_body=_Body()))  # type: ignore[arg-type]
     assert recorder.requests[0].json["guided_json"] == {"type": "object"}
     assert "stream_options" not in recorder.requests[0].json  # we do not rebuild it to ask for usage
+
+
+INSTRUMENTING_HOOKS = {
+    # another library instruments LLM clients from a post-import hook, while this thread imports openai and
+    # another thread calls instrument(): neither may wait on the other
+    "from an importing thread": """
+        in_hook = threading.Event()
+
+        @wrapt.when_imported("openai")
+        def other_library(module):
+            in_hook.set()
+            time.sleep(0.3)
+            otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
+
+        def other_thread():
+            in_hook.wait()
+            otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
+
+        threads = [threading.Thread(target=lambda: __import__("openai")), threading.Thread(target=other_thread)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(20)
+        assert not any(thread.is_alive() for thread in threads), "deadlocked"
+    """,
+    # the hook fires while instrument() itself imports the client's modules: no second instrumentation
+    "inside instrument()": """
+        @wrapt.when_imported("openai.resources.embeddings")
+        def other_library(module):
+            otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
+
+        import openai
+        otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
+    """,
+}
+
+
+@pytest.mark.parametrize("hook", INSTRUMENTING_HOOKS, ids=INSTRUMENTING_HOOKS)
+def test_instrument_called_from_another_librarys_import_hook_instruments_once(hook: str) -> None:
+    program = textwrap.dedent("""
+        import threading, time
+        import wrapt, wire
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+        import otel_llm
+
+        exporter = InMemorySpanExporter()
+        tracer_provider, meter_provider = TracerProvider(), MeterProvider()
+        tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    """) + textwrap.dedent(INSTRUMENTING_HOOKS[hook]) + textwrap.dedent("""
+        import openai
+        http, _ = wire.mock_client([wire.Reply.json(wire.chat_completion_body("pq"))])
+        client = openai.OpenAI(api_key="k", http_client=http, max_retries=0)
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        print(len(exporter.get_finished_spans()))
+    """)
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60,
+                            cwd=Path(__file__).parent)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["1"]
+
+
+def test_a_set_up_that_fails_half_way_leaves_nothing_behind(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A broken install (a client module without a spec) after the telemetry is made: logged, nothing patched,
+    no thread of ours, and instrument() may be called again."""
+    monkeypatch.setitem(sys.modules, "anthropic", types.ModuleType("anthropic"))
+    cls = openai.resources.chat.completions.completions.Completions
+    original = vars(cls)["create"]
+    with caplog.at_level(logging.WARNING, logger="otel_llm"):
+        otel_llm.instrument(tracer_provider=TracerProvider(), meter_provider=MeterProvider())
+    try:
+        assert "otel_llm: cannot set up its telemetry; not instrumenting" in caplog.messages
+        assert vars(cls)["create"] is original
+        assert not otel_llm.OtelLLMInstrumentor().is_instrumented_by_opentelemetry
+        deadline = time.monotonic() + 5
+        while [t for t in threading.enumerate() if t.name == "otel_llm-writer"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [t for t in threading.enumerate() if t.name == "otel_llm-writer"] == []
+    finally:
+        otel_llm.uninstrument()
+
+
+def test_a_child_forked_while_another_thread_claims_instrument_can_instrument() -> None:
+    program = textwrap.dedent("""
+        import os, threading, time
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.trace import TracerProvider
+        import otel_llm
+        from otel_llm import _instrumentor
+
+        held = threading.Event()
+
+        def hold():
+            with _instrumentor._CLAIM:
+                held.set()
+                time.sleep(1)
+
+        threading.Thread(target=hold, daemon=True).start()
+        held.wait()
+        child = os.fork()
+        if child == 0:
+            otel_llm.instrument(tracer_provider=TracerProvider(), meter_provider=MeterProvider())
+            print(otel_llm.OtelLLMInstrumentor().is_instrumented_by_opentelemetry, flush=True)
+            os._exit(0)
+        os.waitpid(child, 0)
+    """)
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True"]

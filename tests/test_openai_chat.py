@@ -499,10 +499,8 @@ def test_iterators_the_caller_passes_reach_the_server_whatever_it_refuses(
     otel.assert_finished(None)
 
 
-def test_a_refusal_of_a_body_we_cannot_read_back_sends_the_callers_arguments(
-        otel: Captured, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A client that compresses its request bodies: the refused body is not JSON to us."""
-    monkeypatch.setattr(openai_adapter, "_NO_STREAM_OPTIONS", set())
+def compressing_client() -> tuple[openai.OpenAI, wire.Recorder]:
+    """A client that gzips its request bodies, to a server that refuses stream_options."""
     http = wire.http_module()
 
     def answer(request: wire.RecordedRequest) -> wire.Reply:
@@ -520,8 +518,52 @@ def test_a_refusal_of_a_body_we_cannot_read_back_sends_the_callers_arguments(
     recorder = wire.Recorder(answer)
     client = openai.OpenAI(api_key="k", base_url="https://api.openai.com/v1", max_retries=0,
                            http_client=Compressing(transport=http.MockTransport(wire._InProcessServer(recorder).handle)))
+    return client, recorder
+
+
+def test_a_refusal_of_a_body_we_cannot_read_back_sends_the_callers_arguments(
+        otel: Captured, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that compresses its request bodies: the refused body is not JSON to us."""
+    monkeypatch.setattr(openai_adapter, "_NO_STREAM_OPTIONS", set())
+    client, _ = compressing_client()
     assert len(list(client.chat.completions.create(model="m", messages=MESSAGES, stream=True))) == 5
     otel.assert_finished(None)
+
+
+@pytest.mark.parametrize("client_kind", ["openai", "azure"])
+def test_a_resend_keeps_what_is_not_the_body_and_what_extra_body_overrode(
+        instrument: Any, monkeypatch: pytest.MonkeyPatch, client_kind: str) -> None:
+    """timeout is no body field, though a gateway may take one in extra_body; Azure builds the deployment URL from
+    the model argument, which extra_body may override in the body."""
+    monkeypatch.setattr(openai_adapter, "_NO_STREAM_OPTIONS", set())
+
+    def send() -> tuple[str, str | None]:
+        http, recorder = wire.mock_client(refusing_server("Unrecognized request argument supplied: stream_options"))
+        if client_kind == "azure":
+            client: Any = openai.AzureOpenAI(api_key="k", azure_endpoint="https://res.openai.azure.com",
+                                             api_version="2023-05-15", http_client=http, max_retries=0)
+        else:
+            client = openai.OpenAI(api_key="k", http_client=http, max_retries=0)
+        list(client.chat.completions.create(model="dep", messages=MESSAGES, stream=True, timeout=3.0,
+                                            extra_body={"timeout": 600, "model": "gpt-4o"}))
+        last = recorder.requests[-1]
+        return last.path, last.headers.get("x-stainless-read-timeout")
+
+    bare = send()
+    instrument()
+    assert send() == bare
+
+
+def test_a_refused_body_we_cannot_read_back_with_used_up_iterators_is_the_refusal(
+        otel: Captured, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing could send the caller's request again as it was: its error, rather than a different request."""
+    monkeypatch.setattr(openai_adapter, "_NO_STREAM_OPTIONS", set())
+    client, recorder = compressing_client()
+    parts = [{"type": "text", "text": "What is 2+2?"}]
+    with pytest.raises(openai.BadRequestError):
+        list(client.chat.completions.create(model="m", stream=True,
+                                            messages=[{"role": "user", "content": (p for p in parts)}]))
+    assert len(recorder.requests) == 1
 
 
 def test_time_to_first_chunk_is_the_answered_requests_after_a_refusal(

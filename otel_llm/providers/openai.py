@@ -395,6 +395,19 @@ class _UsageLift:
         return None
 
 
+# arguments of a client method that are not fields of the request's body, and ours in it
+_NOT_BODY = frozenset(("extra_headers", "extra_query", "extra_body", "timeout", "stream_options"))
+
+
+def _holds_iterator(value: object) -> bool:
+    """Whether an iterator (used up once sent) is anywhere in the arguments."""
+    if hasattr(type(value), "__next__"):
+        return True
+    if isinstance(value, Mapping):
+        return any(_holds_iterator(item) for item in value.values())
+    return isinstance(value, (list, tuple)) and any(_holds_iterator(item) for item in value)
+
+
 def _names_stream_options(body: object) -> bool:
     """Whether an error's body is about stream_options: OpenAI's envelope naming it as the parameter or in its
     message, or a validation error (FastAPI's ``detail``) located at it. Never what a body echoes of the request."""
@@ -489,12 +502,16 @@ class _Endpoint:
         op.hide_usage_chunk = False
         try:
             sent = json.loads(error.response.request.content)
-        except Exception:  # not JSON, or not read into memory
-            return kwargs
+        except Exception:  # not JSON, or not read into memory: the caller's own arguments, unless used up
+            sent = None
         if not isinstance(sent, dict):
-            return kwargs
-        # stream_options as sent holds what we added
-        return {**kwargs, **{key: sent[key] for key in kwargs if key in sent and key != "stream_options"}}
+            return None if _holds_iterator(kwargs) else kwargs
+        # the typed parameters as sent, except what extra_body overrode (its value was sent, the caller's argument
+        # is what the client builds from, as Azure does the deployment from model) and stream_options (ours in it)
+        extra = kwargs.get("extra_body")
+        overridden = extra.keys() if isinstance(extra, Mapping) else ()
+        return {**kwargs, **{key: sent[key] for key in kwargs
+                             if key in sent and key not in _NOT_BODY and key not in overridden}}
 
     def kind(self, op: Operation, result: Any) -> Kind:
         if isinstance(result, (Stream, AsyncStream)):
