@@ -44,25 +44,30 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             self._generation = 0
 
     def instrument(self, **kwargs: Any) -> Any:
-        """One call instruments; others, from other threads or from an import hook inside it, find it claimed and
-        return at once. No lock is held while it runs: it imports, and an import may wait on another thread."""
-        with _CLAIM:
-            if _claimed:
-                return None
-            _claimed.append(True)
-        result = None
+        """One call instruments at a time, holding no lock while it runs (it imports, and an import may wait on
+        another thread). Another thread's call waits for it to be done (in time); a call from within it (an import
+        hook it set off) or from a thread in the middle of an import returns at once."""
+        if not _claim():
+            return None
         try:
+            if self.is_instrumented_by_opentelemetry:  # by the call this one waited for
+                return None
             result = super().instrument(**kwargs)
-        finally:
             if self._telemetry is None:  # the set-up failed (logged): not instrumented, a later call may try again
                 self._is_instrumented_by_opentelemetry = False
-                _claimed.clear()
-        return result
+            return result
+        finally:
+            _release()
 
     def uninstrument(self, **kwargs: Any) -> Any:
-        result = super().uninstrument(**kwargs)
-        _claimed.clear()
-        return result
+        if not _claim():
+            return None
+        try:
+            if not self.is_instrumented_by_opentelemetry:
+                return None
+            return super().uninstrument(**kwargs)
+        finally:
+            _release()
 
     def instrumentation_dependencies(self) -> Collection[str]:
         # each client is optional and checked on its own when patching
@@ -74,6 +79,9 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         except Exception:  # providers that raise, a broken install: the application runs on, uninstrumented
             _log.warning("otel_llm: cannot set up its telemetry; not instrumenting", exc_info=True)
             self._uninstrument()
+        except BaseException:  # Ctrl-C in the middle: nothing half done stays
+            self._uninstrument()
+            raise
 
     def _set_up(self, **kwargs: Any) -> None:
         settings = load_settings()
@@ -130,14 +138,58 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         self._patches.remove()
 
 
-# whether instrument() has been called and not undone; guarded by _CLAIM, held only to look and claim
-_claimed: list[bool] = []
+# The thread running instrument() or uninstrument() now, and what tells the others it is done; _CLAIM guards both
+# and is held only to look and claim.
 _CLAIM = threading.Lock()
+_claimer: int | None = None
+_claim_done = threading.Event()
+_claim_done.set()
+_WAIT_S = 10.0  # how long another thread's call waits for one under way
+
+
+def _claim() -> bool:
+    """Whether this thread may run instrument()/uninstrument() now, after another thread's call under way; False
+    when its own call is under way, or when it cannot wait: it is in the middle of an import (which the other
+    call may be waiting on), or the other call is not done in time."""
+    global _claimer, _claim_done
+    me = threading.get_ident()
+    while True:
+        with _CLAIM:
+            if _claimer is None:
+                _claimer, _claim_done = me, threading.Event()
+                return True
+            if _claimer == me:
+                return False
+            done = _claim_done
+        if _importing_here() or not done.wait(_WAIT_S):
+            return False
+
+
+def _release() -> None:
+    global _claimer
+    with _CLAIM:
+        _claimer = None
+        _claim_done.set()
+
+
+def _importing_here() -> bool:
+    """Whether this thread is in the middle of an import (holds a module's import lock)."""
+    locks = getattr(getattr(importlib, "_bootstrap", None), "_module_locks", None)
+    if not isinstance(locks, dict):
+        return False
+    me = threading.get_ident()
+    for found in list(locks.values()):
+        lock = found() if callable(found) else found
+        if getattr(lock, "owner", None) == me:
+            return True
+    return False
 
 
 def _after_fork() -> None:
-    global _CLAIM
-    _CLAIM = threading.Lock()  # another thread may have held it at the fork
+    """The claiming thread does not survive a fork: the child starts with no claim and a fresh lock."""
+    global _CLAIM, _claimer, _claim_done
+    _CLAIM, _claimer, _claim_done = threading.Lock(), None, threading.Event()
+    _claim_done.set()
 
 
 os.register_at_fork(after_in_child=_after_fork)

@@ -3,6 +3,7 @@ nothing it sends or receives is altered or leaked, and instrument/uninstrument a
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import subprocess
@@ -737,30 +738,104 @@ def test_a_set_up_that_fails_half_way_leaves_nothing_behind(
         otel_llm.uninstrument()
 
 
-def test_a_child_forked_while_another_thread_claims_instrument_can_instrument() -> None:
+def test_a_child_forked_while_another_thread_is_inside_instrument_can_instrument() -> None:
     program = textwrap.dedent("""
-        import os, threading, time
+        import os, threading
+        import openai, wire
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
         import otel_llm
         from otel_llm import _instrumentor
 
-        held = threading.Event()
+        exporter = InMemorySpanExporter()
+        tracer_provider, meter_provider = TracerProvider(), MeterProvider()
+        tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+        load, entered, release = _instrumentor.load_settings, threading.Event(), threading.Event()
 
-        def hold():
-            with _instrumentor._CLAIM:
-                held.set()
-                time.sleep(1)
+        def slow_load():  # a set-up under way in another thread
+            entered.set()
+            release.wait()
+            return load()
 
-        threading.Thread(target=hold, daemon=True).start()
-        held.wait()
+        _instrumentor.load_settings = slow_load
+        other = threading.Thread(target=otel_llm.instrument,
+                                 kwargs={"tracer_provider": tracer_provider, "meter_provider": meter_provider})
+        other.start()
+        entered.wait()
         child = os.fork()
         if child == 0:
-            otel_llm.instrument(tracer_provider=TracerProvider(), meter_provider=MeterProvider())
-            print(otel_llm.OtelLLMInstrumentor().is_instrumented_by_opentelemetry, flush=True)
+            _instrumentor.load_settings = load
+            otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
+            http, _ = wire.mock_client([wire.Reply.json(wire.chat_completion_body("pq"))])
+            openai.OpenAI(api_key="k", http_client=http, max_retries=0).chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}])
+            print(len(exporter.get_finished_spans()), flush=True)
             os._exit(0)
+        release.set()
+        other.join()
         os.waitpid(child, 0)
     """)
-    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60,
+                            cwd=Path(__file__).parent)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["True"]
+    assert result.stdout.split() == ["1"]
+
+
+def test_threads_calling_instrument_together_are_all_instrumented_when_it_returns(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each thread's instrument() returns once instrumentation is in place: its next call is recorded."""
+    load = _instrumentor.load_settings
+
+    def slow_load() -> Any:
+        time.sleep(0.2)
+        return load()
+
+    monkeypatch.setattr(_instrumentor, "load_settings", slow_load)
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    meter_provider = MeterProvider()
+    start = threading.Barrier(4)
+
+    def work() -> None:
+        start.wait()
+        otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
+        client, _ = sync_client([wire.Reply.json(wire.chat_completion_body("pq"))])
+        client.chat.completions.create(model="m", messages=MESSAGES)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(exporter.get_finished_spans()) == 4
+    finally:
+        otel_llm.uninstrument()
+
+
+def test_an_interrupted_instrument_leaves_nothing_half_done(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C during the set-up, once the telemetry is made: it propagates, and a later instrument() instruments."""
+    find_spec = importlib.util.find_spec
+
+    def interrupted(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "openai":
+            raise KeyboardInterrupt
+        return find_spec(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.util, "find_spec", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        otel_llm.instrument(tracer_provider=TracerProvider(), meter_provider=MeterProvider())
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=MeterProvider())
+    try:
+        client, _ = sync_client([wire.Reply.json(wire.chat_completion_body("pq"))])
+        client.chat.completions.create(model="m", messages=MESSAGES)
+        assert len(exporter.get_finished_spans()) == 1
+    finally:
+        otel_llm.uninstrument()
