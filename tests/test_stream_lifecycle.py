@@ -280,32 +280,6 @@ def test_uninstrument_leaves_no_thread_of_ours() -> None:
     wait_for_no_writer()
 
 
-def test_threads_instrumenting_together_instrument_once() -> None:
-    exporter = InMemorySpanExporter()
-    tracer_provider = TracerProvider()
-    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
-    meter_provider = MeterProvider()
-    start = threading.Barrier(8)
-
-    def instrument() -> None:
-        start.wait()
-        otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
-
-    threads = [threading.Thread(target=instrument) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    try:
-        client, _ = sync_client(server())
-        client.chat.completions.create(model="m", messages=MESSAGES)
-        assert len(exporter.get_finished_spans()) == 1
-        assert len(writers()) == 1
-    finally:
-        otel_llm.uninstrument()
-    wait_for_no_writer()
-
-
 def test_a_pending_read_closed_by_the_garbage_collector_is_written_later() -> None:
     """A task destroyed while it awaited the next chunk: the collector closes its coroutine (GeneratorExit) at an
     allocation anywhere, maybe where this thread holds an SDK lock; the operation is written at the next
