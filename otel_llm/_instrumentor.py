@@ -174,11 +174,8 @@ def _release() -> None:
 
 def _importing_here() -> bool:
     """Whether this thread is in the middle of an import (holds a module's import lock)."""
-    locks = getattr(getattr(importlib, "_bootstrap", None), "_module_locks", None)
-    if not isinstance(locks, dict):
-        return False
     me = threading.get_ident()
-    for found in list(locks.values()):
+    for found in list(_module_locks().values()):
         lock = found() if callable(found) else found
         if getattr(lock, "owner", None) == me:
             return True
@@ -197,5 +194,10 @@ os.register_at_fork(after_in_child=_after_fork)
 
 def _being_imported(name: str) -> bool:
     """Whether some thread holds the import lock of module ``name`` (it is being imported right now)."""
+    return name in _module_locks()
+
+
+def _module_locks() -> dict[str, Any]:
+    """The import system's locks of modules being imported now, by name; none where its internals differ."""
     locks = getattr(getattr(importlib, "_bootstrap", None), "_module_locks", None)
-    return isinstance(locks, dict) and name in locks
+    return locks if isinstance(locks, dict) else {}

@@ -148,10 +148,13 @@ class Telemetry:
             _LATER.append((self, op, None))
 
     def _write(self, op: Operation, exception: BaseException | None) -> None:
-        """Span, metrics and event each on their own: a span processor that raises must not cost the histograms."""
+        """Span, metrics and event each on their own: a span processor that raises must not cost the histograms.
+        Content (opt-in) is written as JSON once, for the span and the event alike."""
         tpot = _time_per_output_token(op)
+        on_span = self.settings.capture_content.on_span
+        content = _content_attributes(op) if on_span or self._logger is not None else {}  # each part guarded
         try:
-            self._end_span(op, exception, tpot)
+            self._end_span(op, exception, tpot, content if on_span else {})
         except Exception:
             report_failure("span")
         try:
@@ -160,13 +163,14 @@ class Telemetry:
             report_failure("metrics")
         if self._logger is not None:
             try:
-                self._emit_event(op, self._logger)
+                self._emit_event(op, self._logger, content)
             except Exception:
                 report_failure("event")
 
     # --- writing ---------------------------------------------------------------------------------------------
 
-    def _end_span(self, op: Operation, exception: BaseException | None, tpot: float | None) -> None:
+    def _end_span(self, op: Operation, exception: BaseException | None, tpot: float | None,
+                  content: dict[str, str]) -> None:
         span = op.span
         end_epoch_ns = op.start_epoch_ns + (op.end_ns - op.start_ns)
         if not span.is_recording():
@@ -213,8 +217,7 @@ class Telemetry:
             if limit is not None:
                 attributes[sc.RATE_LIMIT_LIMIT_PREFIX + resource] = limit
         attributes.update(op.attributes)
-        if self.settings.capture_content.on_span:
-            attributes.update(_content_attributes(op))
+        attributes.update(content)
         if op.error_type is not None:
             attributes[sc.ERROR_TYPE] = op.error_type
             span.set_status(Status(StatusCode.ERROR, op.error_type))
@@ -223,12 +226,12 @@ class Telemetry:
         set_attributes(span, attributes)
         span.end(end_time=end_epoch_ns)
 
-    def _emit_event(self, op: Operation, logger: Logger) -> None:
+    def _emit_event(self, op: Operation, logger: Logger, content: dict[str, str]) -> None:
         """Content as a log event beside the span (opt-in): sized for a log pipeline, not span attributes."""
         attributes = _identity(op.request)
         if op.response_id is not None:
             attributes[sc.RESPONSE_ID] = op.response_id
-        attributes.update(_content_attributes(op))
+        attributes.update(content)
         logger.emit(event_name=sc.EVENT_OPERATION_DETAILS, attributes=attributes, context=op.context,
                     timestamp=op.start_epoch_ns + (op.end_ns - op.start_ns))
 
