@@ -79,6 +79,7 @@ def test_bucket_shape() -> None:
     for buckets in (sc.LATENCY_BUCKETS, sc.CHUNK_BUCKETS):
         assert list(buckets) == sorted(set(buckets))
         assert len(buckets) <= 32
-    # SLO thresholds sit on bucket edges
+    # SLO thresholds sit on bucket edges, in every latency histogram's range
     assert {0.5, 1.0, 2.0, 5.0} <= set(sc.LATENCY_BUCKETS)
+    assert {0.5, 1.0} <= set(sc.CHUNK_BUCKETS)
     assert sc.COUNT_BUCKETS == tuple(4.0**i for i in range(14))
