@@ -85,7 +85,7 @@ def sync_call(endpoint: Endpoint) -> Callable[[Telemetry], Wrapper]:
                 raise
             finally:
                 _leave(telemetry, entered)
-            return _adopt(telemetry, endpoint, op, result)
+            return _adopt(telemetry, endpoint, op, result, is_async=False)
 
         return wrapper
 
@@ -109,7 +109,7 @@ def async_call(endpoint: Endpoint) -> Callable[[Telemetry], Wrapper]:
                     raise
                 finally:
                     _leave(telemetry, entered)
-                return _adopt(telemetry, endpoint, op, result)
+                return _adopt(telemetry, endpoint, op, result, is_async=True)
 
             return run()
 
@@ -250,6 +250,16 @@ def _failed(telemetry: Telemetry, endpoint: Endpoint, op: Operation, exc: BaseEx
     telemetry.finish(op, exc)
 
 
+def _foreign_stream(result: Any, is_async: bool) -> Kind:
+    """A streamed request's result that is not the client's stream: another library's wrapper around it (an
+    instrumentation that wrapped the method before us, such as OpenTelemetry's openai-v2). One that iterates is
+    proxied like the stream itself, so its chunks still pass through us and a usage chunk we asked for is still
+    hidden; anything else is read as a final object."""
+    if is_async:
+        return Kind.ASYNC_STREAM if hasattr(type(result), "__anext__") else Kind.COMPLETE
+    return Kind.STREAM if hasattr(type(result), "__next__") else Kind.COMPLETE
+
+
 def _observer(endpoint: Endpoint, op: Operation) -> Callable[[Operation, Any], int]:
     """What a stream's chunks go through: with content capture on, the endpoint gathers each chunk's content as well.
     Chosen once per stream, so a stream without capture runs nothing for content."""
@@ -269,17 +279,19 @@ def _observer(endpoint: Endpoint, op: Operation) -> Callable[[Operation, Any], i
     return observe_and_gather
 
 
-def _adopt(telemetry: Telemetry, endpoint: Endpoint, op: Operation, result: Any) -> Any:
+def _adopt(telemetry: Telemetry, endpoint: Endpoint, op: Operation, result: Any, *, is_async: bool) -> Any:
     """Hand the caller its result, wrapped when the operation is still under way. Never raises."""
     try:
         kind = endpoint.kind(op, result)
+        if kind is Kind.COMPLETE and op.request.stream:
+            kind = _foreign_stream(result, is_async)
         if kind is Kind.STREAM:
             return StreamProxy(result, op, telemetry, _observer(endpoint, op), endpoint.read_error)
         if kind is Kind.ASYNC_STREAM:
             return AsyncStreamProxy(result, op, telemetry, _observer(endpoint, op), endpoint.read_error)
 
         def adopt_parsed(op: Operation, parsed: Any) -> Any:
-            return _adopt(telemetry, endpoint, op, parsed)
+            return _adopt(telemetry, endpoint, op, parsed, is_async=is_async)
 
         if kind is Kind.RESPONSE:
             return ResponseProxy(result, op, telemetry, adopt_parsed)

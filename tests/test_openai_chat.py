@@ -13,6 +13,7 @@ import httpx2
 import openai
 import pytest
 import wire
+import wrapt
 from conftest import Captured, async_client, attributes, cancel_midway, openai_server, sync_client
 from openai._base_client import BaseClient
 from opentelemetry.trace import SpanKind, StatusCode
@@ -650,6 +651,64 @@ def test_every_way_of_reading_a_stream_gets_what_it_gets_without_us_and_usage_is
     asked = read not in (READ_PATHS["with_raw_response"], READ_PATHS["with_streaming_response"])
     assert (attrs.get(sc.USAGE_INPUT_TOKENS), attrs.get(sc.USAGE_OUTPUT_TOKENS)) == ((12, 4) if asked else
                                                                                        (None, None))
+
+
+class OtherLibrarysStream:
+    """Shaped like OpenTelemetry openai-v2's stream wrapper: a plain object (no proxy, so not an openai.Stream) that
+    iterates the client's stream and passes every other attribute through."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def __iter__(self) -> OtherLibrarysStream:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self.stream)
+
+    def __aiter__(self) -> OtherLibrarysStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        return await self.stream.__anext__()
+
+    def close(self) -> Any:
+        return self.stream.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_a_stream_another_instrumentation_wrapped_before_us_is_measured_and_its_usage_chunk_hidden(
+        instrument: Any, monkeypatch: pytest.MonkeyPatch, is_async: bool) -> None:
+    """Instrumented first, another library hands us its own stream object: the caller still gets exactly what it
+    would without us (our usage chunk was an IndexError on choices[0] in the caller's loop), and the span is a
+    stream's."""
+    from openai.resources.chat.completions.completions import AsyncCompletions, Completions
+
+    def theirs(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        result = wrapped(*args, **kwargs)
+        return OtherLibrarysStream(result) if kwargs.get("stream") else result
+
+    async def theirs_async(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        result = await wrapped(*args, **kwargs)
+        return OtherLibrarysStream(result) if kwargs.get("stream") else result
+
+    resource = AsyncCompletions if is_async else Completions
+    monkeypatch.setattr(resource, "create", wrapt.FunctionWrapper(vars(resource)["create"],
+                                                                  theirs_async if is_async else theirs))
+    request = {"model": "gpt-4o-mini", "messages": MESSAGES, "stream": True}
+    without, _ = chat(is_async, openai_server(tokens=TOKENS, usage=USAGE), **request)
+    captured = instrument()
+    with_us, recorder = chat(is_async, openai_server(tokens=TOKENS, usage=USAGE), **request)
+
+    assert recorder.requests[0].json["stream_options"] == {"include_usage": True}
+    assert with_us == without and all(chunk.choices for chunk in with_us)
+    attrs = attributes(captured.span())
+    assert (attrs[sc.USAGE_OUTPUT_TOKENS], attrs[sc.CONTENT_CHUNKS]) == (4, 3)
+    assert sc.RESPONSE_TIME_TO_FIRST_CHUNK in attrs and sc.ERROR_TYPE not in attrs
+    assert captured.point(sc.STABLE_NAMES.time_to_first_chunk.name).count == 1
 
 
 def test_prompt_length_counts_the_text_of_every_message_shape(otel: Captured) -> None:
