@@ -31,16 +31,13 @@ __all__ = ["OtelLLMInstrumentor", "__version__", "instrument", "uninstrument"]
 
 def instrument(*, tracer_provider: Any = None, meter_provider: Any = None, logger_provider: Any = None) -> None:
     """Patch every supported client that is installed, when the application imports it (at once if it already has).
-    A second call is a no-op.
+    A second call is a no-op (providers it passes are not used: a warning says so).
 
     Providers not given come from the global ones; when the application set none, from the ``OTEL_*`` variables.
     ``logger_provider`` is used only when message content goes out as events.
     """
-    instrumentor = OtelLLMInstrumentor()
-    if instrumentor.is_instrumented_by_opentelemetry:
-        return
-    instrumentor.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider,
-                            logger_provider=logger_provider)
+    OtelLLMInstrumentor().instrument(tracer_provider=tracer_provider, meter_provider=meter_provider,
+                                     logger_provider=logger_provider)
 
 
 def uninstrument() -> None:

@@ -31,7 +31,7 @@ def nothing_configured() -> bool:
 def global_tracer_provider(set_up: bool) -> trace.TracerProvider:
     """The global tracer provider; with ``set_up``, an OTLP one first if the application set none."""
     provider = trace.get_tracer_provider()
-    if set_up and isinstance(provider, trace.ProxyTracerProvider) and _enabled():
+    if set_up and isinstance(provider, trace.ProxyTracerProvider):
         provider = TracerProvider(resource=Resource.create())
         for exporter in span_exporters():
             provider.add_span_processor(BatchSpanProcessor(exporter))
@@ -43,7 +43,7 @@ def global_meter_provider(set_up: bool) -> metrics.MeterProvider:
     """The global meter provider; with ``set_up``, an OTLP one first if the application set none."""
     provider = metrics.get_meter_provider()
     # the API's placeholder until an application sets one
-    if set_up and type(provider).__name__ == "_ProxyMeterProvider" and _enabled():
+    if set_up and type(provider).__name__ == "_ProxyMeterProvider":
         readers = []
         for name, protocol in _choices("METRICS"):
             if name == "prometheus":
@@ -59,7 +59,7 @@ def global_logger_provider(set_up: bool) -> Any:
     """Only asked for when content goes out as events; with ``set_up``, an OTLP one first if the application set
     none. An application that set up its own tracing or metrics gets no log export behind its back either."""
     provider = get_logger_provider()
-    if type(provider).__name__ != "ProxyLoggerProvider" or not _enabled():
+    if type(provider).__name__ != "ProxyLoggerProvider":
         return provider
     if not set_up:
         _log.warning("otel_llm: content events go to the API's logger provider, which drops them until the "
@@ -98,7 +98,8 @@ def _otlp(module: str, name: str, protocol: str) -> Any:
         try:
             grpc = importlib.import_module(f"opentelemetry.exporter.otlp.proto.grpc.{module}")
         except ImportError:
-            _log.warning("otel_llm: OTLP over gRPC needs `pip install otel-llm[grpc]`; using http/protobuf")
+            _log.warning("otel_llm: OTLP over gRPC needs `pip install otel-llm[grpc]`; %s over http/protobuf",
+                         name.removeprefix("OTLP").removesuffix("Exporter").lower() + "s")
         else:
             return getattr(grpc, name)()
     return getattr(importlib.import_module(f"opentelemetry.exporter.otlp.proto.http.{module}"), name)()
@@ -124,7 +125,8 @@ def _prometheus_reader() -> list[Any]:
     return [PrometheusMetricReader()]
 
 
-def _enabled() -> bool:
+def sdk_enabled() -> bool:
+    """``OTEL_SDK_DISABLED`` turns every SDK provider into one that records nothing."""
     return os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() != "true"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.metadata
 import importlib.util
 import logging
 import os
@@ -20,7 +21,13 @@ from opentelemetry._logs import get_logger
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
 from otel_llm import _semconv
-from otel_llm._export import global_logger_provider, global_meter_provider, global_tracer_provider, nothing_configured
+from otel_llm._export import (
+    global_logger_provider,
+    global_meter_provider,
+    global_tracer_provider,
+    nothing_configured,
+    sdk_enabled,
+)
 from otel_llm._patching import Patches
 from otel_llm._settings import load_settings
 from otel_llm._telemetry import Telemetry, stop_later_writer
@@ -50,7 +57,11 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         if not _claim():
             return None
         try:
-            if self.is_instrumented_by_opentelemetry:  # by the call this one waited for
+            if self.is_instrumented_by_opentelemetry:  # by an earlier call, or the one this one waited for
+                if any(kwargs.get(key) is not None for key in _PROVIDER_KEYS):
+                    _log.warning("otel_llm: already instrumented (by opentelemetry-instrument or an earlier "
+                                 "instrument()); the providers passed now are not used. Call "
+                                 "otel_llm.uninstrument() first to change them")
                 return None
             result = super().instrument(**kwargs)
             if self._telemetry is None:  # the set-up failed (logged): not instrumented, a later call may try again
@@ -84,6 +95,9 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             raise
 
     def _set_up(self, **kwargs: Any) -> None:
+        if not sdk_enabled():  # the SDK records nothing: patching would only change requests (the usage request)
+            _log.info("otel_llm: OTEL_SDK_DISABLED is true; not instrumenting")
+            return
         settings = load_settings()
         # before either is set up here; a provider passed is a set-up of the application's own too
         set_up = nothing_configured() and not (kwargs.get("tracer_provider") or kwargs.get("meter_provider"))
@@ -112,6 +126,7 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 # import (importing it here blocks until it is done), then patch; if it failed, there is nothing to
                 with contextlib.suppress(ImportError):
                     patch(importlib.import_module(package))
+        _warn_of_twins()
 
     def _when_imported(self, adapter: str, package: str) -> Callable[[ModuleType], None]:
         generation = self._generation
@@ -123,7 +138,8 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 return  # uninstrumented since, or patched already
             try:
                 module = importlib.import_module(f"otel_llm.providers.{adapter}")
-                self._patches.apply(module.PROVIDER, telemetry)
+                patched = self._patches.apply(module.PROVIDER, telemetry)
+                _log.debug("otel_llm: instrumented %s (%d methods)", package, patched)
             except Exception:  # never into the application's import
                 _log.warning("otel_llm: cannot instrument the installed %s; skipped", package, exc_info=True)
 
@@ -136,6 +152,32 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         stop_later_writer()
         self._telemetry = None
         self._patches.remove()
+
+
+_PROVIDER_KEYS = ("tracer_provider", "meter_provider", "logger_provider")
+# opentelemetry_instrumentor entry points of other instrumentations that record the same calls as GenAI telemetry
+# (OpenTelemetry's openai-v2 registers as "openai", OpenLLMetry's as "openai", "anthropic" and "bedrock")
+_TWINS = frozenset(("openai", "openai_v2", "anthropic", "bedrock"))
+
+
+def _warn_of_twins() -> None:
+    """Under ``opentelemetry-instrument``, which loads every installed instrumentation in an order of its own: say
+    which others will record the same calls (two spans per call, gen_ai metrics twice over)."""
+    if "opentelemetry.instrumentation.auto_instrumentation" not in sys.modules:
+        return
+    disabled = {name.strip() for name in os.environ.get("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", "").split(",")}
+    if "*" in disabled:
+        return
+    try:
+        twins = sorted({f"{entry.name} ({entry.dist.name if entry.dist else entry.value})"
+                        for entry in importlib.metadata.entry_points(group="opentelemetry_instrumentor")
+                        if entry.name in _TWINS and entry.name not in disabled})
+    except Exception:  # metadata we cannot read: nothing to say
+        return
+    if twins:
+        _log.warning("otel_llm: opentelemetry-instrument also loads %s, which records the same LLM calls: each "
+                     "would be recorded twice. Keep one: OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=%s",
+                     ", ".join(twins), ",".join(sorted({twin.split(" ")[0] for twin in twins})))
 
 
 # The thread running instrument() or uninstrument() now, and what tells the others it is done; _CLAIM guards both

@@ -62,6 +62,7 @@ class Patches:
             )
             return 0
         count = 0
+        wrapped_by: dict[str, str] = {}  # another library's wrapper module -> a method it wraps
         for target in provider.targets:
             try:
                 module = importlib.import_module(target.module)
@@ -77,10 +78,17 @@ class Patches:
             had_own = name in vars(owner)
             if had_own:
                 original = vars(owner)[name]  # the raw descriptor, so restoring is exact
+            theirs = _wrapper_module(original)
+            if theirs is not None and not name.startswith("_"):
+                wrapped_by.setdefault(theirs, target.attribute)
             wrapper = wrapt.FunctionWrapper(original, target.make(telemetry))
             setattr(owner, name, wrapper)
             self._applied.append(_Applied(owner, name, original, had_own, wrapper))
             count += 1
+        for theirs, attribute in wrapped_by.items():
+            _log.warning("otel_llm: %s's %s is already wrapped by %s; if that is another instrumentation recording "
+                         "GenAI telemetry, each call is recorded twice: keep one", provider.distribution, attribute,
+                         theirs)
         return count
 
     def remove(self) -> None:
@@ -94,6 +102,14 @@ class Patches:
                 setattr(applied.owner, applied.name, applied.original)
             else:
                 delattr(applied.owner, applied.name)
+
+
+def _wrapper_module(method: Any) -> str | None:
+    """The module of another library's wrapt wrapper around ``method`` (how instrumentations patch), if any."""
+    if not isinstance(method, wrapt.FunctionWrapper):
+        return None
+    module = getattr(getattr(method, "_self_wrapper", None), "__module__", None)
+    return module if isinstance(module, str) and module.split(".")[0] != "otel_llm" else None
 
 
 def _installed_version(distribution: str) -> tuple[int, ...] | None:

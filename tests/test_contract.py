@@ -162,6 +162,38 @@ def test_a_hook_left_in_place_under_another_librarys_wrapper_counts_nothing_twic
         base_client.SyncAPIClient._sleep_for_retry = wrapper
 
 
+def test_an_instrumentation_that_wrapped_the_client_first_is_named_once(
+        instrument: Instrument, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Another instrumentation patched openai's create before us (OpenTelemetry's openai-v2, say): both record
+    every call, which the application should hear of once, not find out from doubled dashboards."""
+    from openai.resources.chat.completions.completions import Completions
+
+    def theirs(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        return wrapped(*args, **kwargs)
+
+    monkeypatch.setattr(Completions, "create", wrapt.FunctionWrapper(vars(Completions)["create"], theirs))
+    with caplog.at_level(logging.WARNING, logger="otel_llm"):
+        instrument()
+    assert [r.getMessage() for r in caplog.records] == [
+        "otel_llm: openai's Completions.create is already wrapped by test_contract; if that is another "
+        "instrumentation recording GenAI telemetry, each call is recorded twice: keep one"]
+
+
+def test_providers_passed_once_instrumented_are_said_to_be_unused(
+        instrument: Instrument, caplog: pytest.LogCaptureFixture) -> None:
+    captured = instrument()
+    with caplog.at_level(logging.WARNING, logger="otel_llm"):
+        otel_llm.instrument()  # nothing passed: nothing to say
+        assert caplog.records == []
+        otel_llm.instrument(tracer_provider=TracerProvider())
+    assert [r.getMessage() for r in caplog.records] == [
+        "otel_llm: already instrumented (by opentelemetry-instrument or an earlier instrument()); the providers "
+        "passed now are not used. Call otel_llm.uninstrument() first to change them"]
+    client, _ = sync_client([wire.Reply.json(wire.chat_completion_body("pq"))])
+    client.chat.completions.create(model="m", messages=MESSAGES)
+    assert len(captured.spans()) == 1  # still the first providers'
+
+
 class RefusingTracers(TracerProvider):
     def get_tracer(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("no tracers here")

@@ -96,7 +96,9 @@ def receiver() -> Iterator[Receiver]:
     thread.join()
 
 
-def run_app(command: list[str], setup: str, env: dict[str, str], tmp_path: Path) -> str:
+def launch(command: list[str], setup: str, env: dict[str, str],
+           tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], list[wire.RecordedRequest]]:
+    """The app run to its end, and the requests the LLM server got from it."""
     app = tmp_path / "app.py"
     app.write_text(APP.format(setup=setup))
     environment = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
@@ -104,8 +106,13 @@ def run_app(command: list[str], setup: str, env: dict[str, str], tmp_path: Path)
     with wire.LoopbackServer(openai_server(tokens=["Hi", "!"], usage=wire.Usage(input=3, output=2))) as llm:
         environment["APP_BASE_URL"] = llm.base_url
         result = subprocess.run([*command, str(app)], env=environment, capture_output=True, text=True, timeout=60)
+        requests = llm.requests
     assert result.returncode == 0, result.stderr
-    return result.stdout
+    return result, requests
+
+
+def run_app(command: list[str], setup: str, env: dict[str, str], tmp_path: Path) -> str:
+    return launch(command, setup, env, tmp_path)[0].stdout
 
 
 def otlp_env(receiver: Receiver) -> dict[str, str]:
@@ -234,3 +241,51 @@ def test_the_sdks_own_exporter_names_are_understood(receiver: Receiver, tmp_path
     (span,) = receiver.spans()
     assert span.name == "chat gpt-4o-mini"
     assert receiver.metric(sc.STABLE_NAMES.duration.name).histogram.data_points[0].count == 1
+
+
+def test_with_the_sdk_disabled_requests_go_out_as_the_application_made_them(receiver: Receiver,
+                                                                              tmp_path: Path) -> None:
+    """OTEL_SDK_DISABLED: nothing would be recorded, so nothing is patched: no usage request either."""
+    env = {**otlp_env(receiver), "OTEL_SDK_DISABLED": "true"}
+    result, requests = launch([sys.executable], "import otel_llm; otel_llm.instrument()", env, tmp_path)
+    assert result.stdout.strip() == "Hi!" and result.stderr == ""
+    assert [request.json for request in requests] == [
+        {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "stream": True}]
+    assert receiver.traces == [] and receiver.metrics == []
+
+
+TWIN = """
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+
+
+class Instrumentor(BaseInstrumentor):
+    def instrumentation_dependencies(self):
+        return ()
+
+    def _instrument(self, **kwargs):
+        pass
+
+    def _uninstrument(self, **kwargs):
+        pass
+"""
+
+
+@pytest.mark.parametrize("disabled", ["", "openai"], ids=["both-loaded", "other-disabled"])
+def test_zero_code_names_another_instrumentation_of_the_same_calls(receiver: Receiver, tmp_path: Path,
+                                                                   disabled: str) -> None:
+    """opentelemetry-instrument loads every installed instrumentation: one that records the same LLM calls (here
+    an installed distribution registering as "openai", as OpenTelemetry's openai-v2 does) doubles every span and
+    metric, and the application is told how to keep one."""
+    site = tmp_path / "site"
+    (site / "twin_llm_instrumentation-1.0.dist-info").mkdir(parents=True)
+    (site / "twin_llm_instrumentation-1.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: twin-llm-instrumentation\nVersion: 1.0\n")
+    (site / "twin_llm_instrumentation-1.0.dist-info" / "entry_points.txt").write_text(
+        "[opentelemetry_instrumentor]\nopenai = twin_llm:Instrumentor\n")
+    (site / "twin_llm.py").write_text(TWIN)
+    env = {**otlp_env(receiver), "PYTHONPATH": str(site), "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": disabled}
+    result, _ = launch([str(BIN / "opentelemetry-instrument"), sys.executable], "", env, tmp_path)
+    warning = ("otel_llm: opentelemetry-instrument also loads openai (twin-llm-instrumentation), which records the "
+               "same LLM calls: each would be recorded twice. Keep one: OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=openai")
+    assert (warning in result.stderr) is (not disabled), result.stderr
+    assert_exported(receiver)
