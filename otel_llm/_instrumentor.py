@@ -28,7 +28,7 @@ from otel_llm._export import (
     nothing_configured,
     sdk_enabled,
 )
-from otel_llm._patching import Patches
+from otel_llm._patching import Client, Patches
 from otel_llm._settings import load_settings
 from otel_llm._telemetry import Telemetry, stop_later_writer
 from otel_llm._version import __version__
@@ -116,10 +116,11 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         self._telemetry = telemetry
         # A client is patched when the application imports it (at once if it already has): instrument() does not
         # import clients the application never uses (botocore and anthropic alone take ~1 s).
-        for adapter, package in ADAPTERS.items():
+        for adapter, client in ADAPTERS.items():
+            package = client.package
             if importlib.util.find_spec(package) is None:
                 continue
-            patch = self._when_imported(adapter, package)
+            patch = self._when_imported(adapter, client)
             wrapt.register_post_import_hook(patch, package)
             if package not in sys.modules and _being_imported(package):
                 # another thread is importing it, past the point where it would have seen the hook: wait for that
@@ -128,7 +129,7 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                     patch(importlib.import_module(package))
         _warn_of_twins()
 
-    def _when_imported(self, adapter: str, package: str) -> Callable[[ModuleType], None]:
+    def _when_imported(self, adapter: str, client: Client) -> Callable[[ModuleType], None]:
         generation = self._generation
         once = threading.Lock()
 
@@ -137,11 +138,12 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             if self._generation != generation or telemetry is None or not once.acquire(blocking=False):
                 return  # uninstrumented since, or patched already
             try:
-                module = importlib.import_module(f"otel_llm.providers.{adapter}")
-                patched = self._patches.apply(module.PROVIDER, telemetry)
-                _log.debug("otel_llm: instrumented %s (%d methods)", package, patched)
+                if client.supported():
+                    module = importlib.import_module(f"otel_llm.providers.{adapter}")
+                    patched = self._patches.apply(module.PROVIDER, telemetry)
+                    _log.debug("otel_llm: instrumented %s (%d methods)", client.package, patched)
             except Exception:  # never into the application's import
-                _log.warning("otel_llm: cannot instrument the installed %s; skipped", package, exc_info=True)
+                _log.warning("otel_llm: cannot instrument the installed %s; skipped", client.package, exc_info=True)
 
         return patch
 

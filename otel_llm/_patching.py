@@ -1,5 +1,6 @@
 """A table of patch targets -> wrap / unwrap. ``apply`` and ``remove`` are exact inverses; a target that the installed
-SDK does not have is skipped, and a client version outside the range we know is skipped whole, with a warning."""
+SDK does not have is skipped. A client version outside the range we know is skipped whole, with a warning, before
+its adapter is imported (an adapter imports its client's types, which a much older client may not have)."""
 
 from __future__ import annotations
 
@@ -30,10 +31,32 @@ class Target:
 @dataclass(frozen=True, slots=True)
 class Provider:
     name: str
-    distribution: str  # the client's distribution on PyPI
+    targets: Sequence[Target]
+
+
+@dataclass(frozen=True, slots=True)
+class Client:
+    """An instrumented client as installed: its import package, its distribution on PyPI, the versions we know."""
+
+    package: str
+    distribution: str
     min_version: tuple[int, ...]
     below_version: tuple[int, ...]  # first version we have not checked
-    targets: Sequence[Target]
+
+    def supported(self) -> bool:
+        """Whether the installed release is one we know; a warning if it is not."""
+        version = _installed_version(self.distribution)
+        if version is None:  # imported from somewhere pip does not know of
+            _log.debug("otel_llm: no version of %s installed; not instrumenting it", self.distribution)
+            return False
+        if self.min_version <= version < self.below_version:
+            return True
+        _log.warning(
+            "otel_llm: %s %s is outside the versions otel_llm supports (>=%s, <%s); not instrumenting it",
+            self.distribution, ".".join(map(str, version)), ".".join(map(str, self.min_version)),
+            ".".join(map(str, self.below_version)),
+        )
+        return False
 
 
 @dataclass(slots=True)
@@ -51,16 +74,6 @@ class Patches:
 
     def apply(self, provider: Provider, telemetry: Telemetry) -> int:
         """Patch every target of ``provider`` that the installed client has; returns how many were patched."""
-        version = _installed_version(provider.distribution)
-        if version is None:
-            return 0
-        if not provider.min_version <= version < provider.below_version:
-            _log.warning(
-                "otel_llm: %s %s is outside the versions otel_llm supports (>=%s, <%s); not instrumenting it",
-                provider.distribution, ".".join(map(str, version)), ".".join(map(str, provider.min_version)),
-                ".".join(map(str, provider.below_version)),
-            )
-            return 0
         count = 0
         wrapped_by: dict[str, str] = {}  # another library's wrapper module -> a method it wraps
         for target in provider.targets:
@@ -73,7 +86,7 @@ class Patches:
                 original = getattr(owner, name)
             except (ImportError, AttributeError):
                 _log.debug("otel_llm: %s.%s not found in this %s; skipped", target.module, target.attribute,
-                           provider.distribution)
+                           provider.name)
                 continue
             had_own = name in vars(owner)
             if had_own:
@@ -87,7 +100,7 @@ class Patches:
             count += 1
         for theirs, attribute in wrapped_by.items():
             _log.warning("otel_llm: %s's %s is already wrapped by %s; if that is another instrumentation recording "
-                         "GenAI telemetry, each call is recorded twice: keep one", provider.distribution, attribute,
+                         "GenAI telemetry, each call is recorded twice: keep one", provider.name, attribute,
                          theirs)
         return count
 

@@ -3,6 +3,7 @@ nothing it sends or receives is altered or leaked, and instrument/uninstrument a
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -35,7 +36,7 @@ from opentelemetry.trace import StatusCode
 import otel_llm
 from otel_llm import _instrumentor, _safety
 from otel_llm import _semconv as sc
-from otel_llm._patching import Patches, Provider
+from otel_llm._patching import Client
 from otel_llm.providers import openai as openai_adapter
 
 TOKENS = ["p", "q"]
@@ -551,18 +552,25 @@ def test_a_client_being_imported_by_another_thread_is_patched_once_that_import_i
 
 def test_a_client_we_cannot_instrument_is_skipped_with_a_warning(
         instrument: Instrument, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(_instrumentor, "ADAPTERS", {"no_such_adapter": "json"})  # json: installed and imported
+    # json: imported already, and a distribution that is installed, for an adapter module that does not exist
+    monkeypatch.setattr(_instrumentor, "ADAPTERS", {"no_such_adapter": Client("json", "wrapt", (0,), (99,))})
     with caplog.at_level(logging.WARNING, logger="otel_llm"):
         instrument()  # the hook runs at once for an imported package, and must not raise
     assert "cannot instrument the installed json; skipped" in caplog.text
 
 
-def test_client_version_outside_the_known_range_is_skipped(caplog: pytest.LogCaptureFixture) -> None:
-    provider = Provider("openai", "openai", min_version=(0,), below_version=(1,),
-                        targets=openai_adapter.PROVIDER.targets)
+def test_client_version_outside_the_known_range_is_skipped_before_its_adapter_is_imported(
+        instrument: Instrument, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A much older client lacks types the adapter imports: the range is checked first, so the warning is the
+    range's, not an import error's."""
+    known = _instrumentor.ADAPTERS["openai"]
+    monkeypatch.setattr(_instrumentor, "ADAPTERS", {"no_such_adapter": dataclasses.replace(known,
+                                                                                           below_version=(1,))})
     with caplog.at_level(logging.WARNING, logger="otel_llm"):
-        assert Patches().apply(provider, telemetry=None) == 0  # type: ignore[arg-type]
-    assert "outside the versions otel_llm supports" in caplog.text
+        instrument()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"otel_llm: openai {openai.__version__} is outside the versions otel_llm supports (>=1.92, <1); "
+        "not instrumenting it"]
     assert not isinstance(vars(openai.resources.chat.completions.completions.Completions)["create"],
                           wrapt.FunctionWrapper)
 

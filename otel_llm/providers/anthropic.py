@@ -308,9 +308,6 @@ def _messages_targets(module: str, managers: tuple[str, str]) -> tuple[Target, .
 
 PROVIDER = Provider(
     name="anthropic",
-    distribution="anthropic",
-    min_version=(2, 14),
-    below_version=(3,),
     targets=(
         *_messages_targets(_MESSAGES_MODULE, ("_MessageStreamManager__api_request",
                                               "_AsyncMessageStreamManager__api_request")),

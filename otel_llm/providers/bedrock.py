@@ -678,9 +678,6 @@ def _attempted(op: Operation, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
 
 PROVIDER = Provider(
     name="bedrock",
-    distribution="botocore",
-    min_version=(1, 34),
-    below_version=(2,),
     targets=(
         Target("botocore.client", "BaseClient._make_api_call", _api_call),
         # headers and retries: deeper in botocore, on behalf of the operation running in this context

@@ -727,9 +727,6 @@ _RESPONSES_MODULE = "openai.resources.responses.responses"
 
 PROVIDER = Provider(
     name="openai",
-    distribution="openai",
-    min_version=(1, 66),
-    below_version=(4,),
     targets=(
         Target(_CHAT_MODULE, "Completions.create", sync_call(_CHAT)),
         Target(_CHAT_MODULE, "AsyncCompletions.create", async_call(_CHAT)),
