@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import gc
 import os
 import random
@@ -242,8 +243,15 @@ class Telemetry:
         for resource, (remaining, limit) in op.rate_limits.items():
             gauge_key = series.rate_limit_keys.get(resource) or series.rate_limit_key(resource)
             for value, latest in ((remaining, _LATEST_REMAINING), (limit, _LATEST_LIMITS)):
-                if value is not None and op.rate_limits_ns >= latest.get(gauge_key, (0.0, 0))[1]:
-                    latest[gauge_key] = (value, op.rate_limits_ns)
+                if value is None:
+                    continue
+                previous = latest.get(gauge_key)
+                if previous is None:
+                    if len(latest) >= _MAX_LATEST:
+                        _make_room(latest)
+                elif op.rate_limits_ns < previous[1]:
+                    continue
+                latest[gauge_key] = (value, op.rate_limits_ns)
         # exemplars link a slow latency bucket to its trace; counts (prompt length, tokens) carry none
         points: list[Point] = [(series.duration, (op.end_ns - op.start_ns) / _NS, True)]
         gaps: tuple[NsPoint, ...] = ()
@@ -319,6 +327,15 @@ _MAX_SERIES_KINDS = 4096
 # meter forwarded when the application set its provider) and drops the others, so every gauge reads this store.
 _LATEST_REMAINING: dict[frozenset[tuple[str, Any]], tuple[float, int]] = {}
 _LATEST_LIMITS: dict[frozenset[tuple[str, Any]], tuple[float, int]] = {}
+# series per store: the SDK's own limit per instrument (it drops the rest), so model names without end cannot grow
+# the stores or the work of every collection
+_MAX_LATEST = 2000
+
+
+def _make_room(latest: dict[frozenset[tuple[str, Any]], tuple[float, int]]) -> None:
+    """The series first seen goes: one still in use comes back with its next response."""
+    with contextlib.suppress(KeyError, RuntimeError, StopIteration):  # another thread made room first
+        del latest[next(iter(latest))]
 
 
 class _Shared:

@@ -34,7 +34,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import StatusCode
 
 import otel_llm
-from otel_llm import _instrumentor, _safety
+from otel_llm import _instrumentor, _safety, _telemetry
 from otel_llm import _semconv as sc
 from otel_llm._patching import Client
 from otel_llm.providers import openai as openai_adapter
@@ -649,6 +649,21 @@ def test_rate_limit_gauges_keep_the_newest_response_not_the_last_to_finish(otel:
     list(stream)  # the stream finishes last, with the older headers
     remaining = otel.point(sc.STABLE_NAMES.rate_limit_remaining.name, otel_llm__rate_limit__resource="requests")
     assert remaining.value == 50
+
+
+def test_rate_limit_gauges_keep_a_bounded_number_of_series(otel: Captured, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Model names without end (one per customer, say) must not grow what every collection reports: past the
+    bound, the series first seen goes, as the SDK drops series past its own cardinality limit."""
+    monkeypatch.setattr(_telemetry, "_MAX_LATEST", 3)
+    headers = wire.openai_ratelimit_headers(500, 100, 9000, 900)
+    client, _ = sync_client([wire.Reply.json(wire.chat_completion_body("pq"), headers=headers) for _ in range(5)])
+    for model in ("m0", "m1", "m2", "m3", "m4"):
+        client.chat.completions.create(model=model, messages=MESSAGES)
+    for name in (sc.STABLE_NAMES.rate_limit_remaining.name, sc.STABLE_NAMES.rate_limit_limit.name):
+        # two resources (requests, tokens) per model: the three series seen last are m3's tokens and m4's two
+        series = sorted((point.attributes[sc.REQUEST_MODEL], point.attributes[sc.RATE_LIMIT_RESOURCE])
+                        for point in otel.points(name))
+        assert series == [("m3", "tokens"), ("m4", "requests"), ("m4", "tokens")]
 
 
 def test_callers_extra_body_is_kept_and_its_stream_options_respected(otel: Captured) -> None:
