@@ -33,6 +33,7 @@ APP = textwrap.dedent("""
     stream = client.chat.completions.create(model="gpt-4o-mini", messages=[{{"role": "user", "content": "hi"}}],
                                             stream=True)
     print("".join(c.choices[0].delta.content or "" for c in stream if c.choices))
+    {after}
 """)
 
 
@@ -96,11 +97,11 @@ def receiver() -> Iterator[Receiver]:
     thread.join()
 
 
-def launch(command: list[str], setup: str, env: dict[str, str],
-           tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], list[wire.RecordedRequest]]:
-    """The app run to its end, and the requests the LLM server got from it."""
+def launch(command: list[str], setup: str, env: dict[str, str], tmp_path: Path,
+           after: str = "") -> tuple[subprocess.CompletedProcess[str], list[wire.RecordedRequest]]:
+    """The app run to its end (``after`` its call), and the requests the LLM server got from it."""
     app = tmp_path / "app.py"
-    app.write_text(APP.format(setup=setup))
+    app.write_text(APP.format(setup=setup, after=after))
     environment = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
     environment.update(env)
     with wire.LoopbackServer(openai_server(tokens=["Hi", "!"], usage=wire.Usage(input=3, output=2))) as llm:
@@ -111,8 +112,8 @@ def launch(command: list[str], setup: str, env: dict[str, str],
     return result, requests
 
 
-def run_app(command: list[str], setup: str, env: dict[str, str], tmp_path: Path) -> str:
-    return launch(command, setup, env, tmp_path)[0].stdout
+def run_app(command: list[str], setup: str, env: dict[str, str], tmp_path: Path, after: str = "") -> str:
+    return launch(command, setup, env, tmp_path, after)[0].stdout
 
 
 def otlp_env(receiver: Receiver) -> dict[str, str]:
@@ -226,17 +227,16 @@ def test_the_sdks_own_exporter_names_are_understood(receiver: Receiver, tmp_path
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     scrape = textwrap.dedent(f"""
-        import atexit, urllib.request
+        import urllib.request
         import otel_llm; otel_llm.instrument()
         def scrape():
             body = urllib.request.urlopen("http://127.0.0.1:{port}/metrics").read().decode()
             print("scraped", "gen_ai_client_operation_duration_seconds_count" in body)
-        atexit.register(scrape)  # after the providers' own: it runs before they shut down
     """)
     env = {**otlp_env(receiver), "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_TRACES_EXPORTER": "otlp_proto_http",
            "OTEL_METRICS_EXPORTER": "prometheus, otlp_proto_http", "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1",
            "OTEL_EXPORTER_PROMETHEUS_PORT": str(port)}
-    out = run_app([sys.executable], scrape, env, tmp_path)
+    out = run_app([sys.executable], scrape, env, tmp_path, after="scrape()")  # once the app is done with its call
     assert out.split() == ["Hi!", "scraped", "True"]
     (span,) = receiver.spans()
     assert span.name == "chat gpt-4o-mini"
