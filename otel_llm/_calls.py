@@ -137,18 +137,17 @@ def hook(observe: Callable[[Operation, tuple[Any, ...], dict[str, Any]], None]) 
     return make
 
 
-def after(action: Callable[[Any], None]) -> Callable[[Telemetry], Wrapper]:
-    """A wrapper that calls ``action(instance)`` once the wrapped method has run (or failed)."""
+def before(action: Callable[[Any], None]) -> Callable[[Telemetry], Wrapper]:
+    """A wrapper that calls ``action(instance)`` before the wrapped method runs: for a close, the caller's outcome
+    is recorded before the close can end a read on another thread."""
 
     def make(telemetry: Telemetry) -> Wrapper:
         def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             try:
-                return wrapped(*args, **kwargs)
-            finally:
-                try:
-                    action(instance)
-                except Exception:
-                    report_failure("after hook")
+                action(instance)
+            except Exception:
+                report_failure("close hook")
+            return wrapped(*args, **kwargs)
 
         return wrapper
 

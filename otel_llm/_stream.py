@@ -191,10 +191,8 @@ class StreamProxy(_StreamLifecycle):
         self.close()
 
     def close(self) -> None:
-        try:
-            self.__wrapped__.close()
-        finally:
-            self._self_closed()
+        self._self_closed()  # first: the close may end a read on another thread, which must not win the finish
+        self.__wrapped__.close()
 
 
 class AsyncStreamProxy(_StreamLifecycle):
@@ -217,10 +215,8 @@ class AsyncStreamProxy(_StreamLifecycle):
         await self.close()
 
     async def close(self) -> None:
-        try:
-            await self.__wrapped__.close()
-        finally:
-            self._self_closed()
+        self._self_closed()
+        await self.__wrapped__.close()
 
 
 def closed_by_helper(raw_stream: object) -> None:
@@ -283,10 +279,8 @@ class ResponseProxy(_ResponseLifecycle):
         return self._self_hand_out(parsed)
 
     def close(self) -> None:
-        try:
-            self.__wrapped__.close()
-        finally:
-            self._self_released()
+        self._self_released()  # first, as a stream's close
+        self.__wrapped__.close()
 
 
 class AsyncResponseProxy(_ResponseLifecycle):
@@ -301,8 +295,6 @@ class AsyncResponseProxy(_ResponseLifecycle):
         return self._self_hand_out(parsed)
 
     async def close(self) -> None:
-        try:
-            await self.__wrapped__.close()
-        finally:
-            self._self_released()
+        self._self_released()
+        await self.__wrapped__.close()
 

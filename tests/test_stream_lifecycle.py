@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from typing import Any
 import openai
 import pytest
 import wire
-from conftest import Captured, async_client, attributes, cancel_midway, openai_server, sync_client
+from conftest import API_KEY, Captured, async_client, attributes, cancel_midway, openai_server, sync_client
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
@@ -66,6 +67,36 @@ def test_break_then_close_is_cancelled(otel: Captured) -> None:
     assert attrs[sc.CONTENT_CHUNKS] == 2
     # what was measured before the close is kept
     assert otel.point(sc.STABLE_NAMES.time_to_first_chunk.name).count == 1
+
+
+def test_a_close_from_another_thread_is_cancelled_however_the_read_there_ends(
+        otel: Captured, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A watchdog or disconnect handler closes the stream another thread is reading: the caller stopped it, even
+    when the read there has ended (failed, or run on to the end) by the time close() returns, as a busy process may
+    order it. Over real sockets: the read is blocked in the socket when the close comes."""
+    with wire.LoopbackServer(server(delays=[0, 0, 0.2, 0.2, 0.2])) as llm:
+        client = openai.OpenAI(api_key=API_KEY, base_url=llm.base_url, max_retries=0)
+        stream = client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+        first = threading.Event()
+
+        def read() -> None:
+            with contextlib.suppress(Exception):  # the caller's own business
+                for _ in stream:
+                    first.set()
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        assert first.wait(5)
+        close = openai.Stream.close
+
+        def close_then_let_the_read_end(self: openai.Stream[Any]) -> None:
+            close(self)
+            reader.join(5)
+
+        monkeypatch.setattr(openai.Stream, "close", close_then_let_the_read_end)
+        stream.close()
+    assert not reader.is_alive()
+    otel.assert_finished(sc.ERROR_CANCELLED)
 
 
 def test_chunks_read_after_a_close_reach_the_caller_and_not_the_record(otel: Captured) -> None:

@@ -20,7 +20,7 @@ from openai._streaming import SSEDecoder
 
 from otel_llm import _content as ct
 from otel_llm import _semconv as sc
-from otel_llm._calls import Kind, after, async_call, sync_call
+from otel_llm._calls import Kind, async_call, before, sync_call
 from otel_llm._content import Choice, Message, Output, Part
 from otel_llm._operation import Request
 from otel_llm._patching import Provider, Target
@@ -743,9 +743,9 @@ PROVIDER = Provider(
         # headers, retries: deeper in the client, on behalf of the operation running in this context
         *_HEADERS.base_client_targets("openai"),
         # the stream() helpers close the HTTP response themselves, not the stream we handed them
-        Target("openai.lib.streaming.chat._completions", "ChatCompletionStream.close", after(_helper_closed)),
-        Target("openai.lib.streaming.chat._completions", "AsyncChatCompletionStream.close", after(_helper_closed)),
-        Target("openai.lib.streaming.responses._responses", "ResponseStream.close", after(_helper_closed)),
-        Target("openai.lib.streaming.responses._responses", "AsyncResponseStream.close", after(_helper_closed)),
+        Target("openai.lib.streaming.chat._completions", "ChatCompletionStream.close", before(_helper_closed)),
+        Target("openai.lib.streaming.chat._completions", "AsyncChatCompletionStream.close", before(_helper_closed)),
+        Target("openai.lib.streaming.responses._responses", "ResponseStream.close", before(_helper_closed)),
+        Target("openai.lib.streaming.responses._responses", "AsyncResponseStream.close", before(_helper_closed)),
     ),
 )
