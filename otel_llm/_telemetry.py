@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import contextlib
 import gc
 import os
 import random
@@ -242,16 +241,17 @@ class Telemetry:
         series = self._series.get(key) or self._new_series(key, op)
         for resource, (remaining, limit) in op.rate_limits.items():
             gauge_key = series.rate_limit_keys.get(resource) or series.rate_limit_key(resource)
-            for value, latest in ((remaining, _LATEST_REMAINING), (limit, _LATEST_LIMITS)):
-                if value is None:
-                    continue
-                previous = latest.get(gauge_key)
-                if previous is None:
-                    if len(latest) >= _MAX_LATEST:
-                        _make_room(latest)
-                elif op.rate_limits_ns < previous[1]:
-                    continue
-                latest[gauge_key] = (value, op.rate_limits_ns)
+            with _LATEST_LOCK:  # compare and store as one: operations finish on many threads
+                for value, latest in ((remaining, _LATEST_REMAINING), (limit, _LATEST_LIMITS)):
+                    if value is None:
+                        continue
+                    previous = latest.get(gauge_key)
+                    if previous is None:
+                        if len(latest) >= _MAX_LATEST:
+                            del latest[next(iter(latest))]  # the series first seen: one in use comes back
+                    elif op.rate_limits_ns < previous[1]:
+                        continue
+                    latest[gauge_key] = (value, op.rate_limits_ns)
         # exemplars link a slow latency bucket to its trace; counts (prompt length, tokens) carry none
         points: list[Point] = [(series.duration, (op.end_ns - op.start_ns) / _NS, True)]
         gaps: tuple[NsPoint, ...] = ()
@@ -330,12 +330,7 @@ _LATEST_LIMITS: dict[frozenset[tuple[str, Any]], tuple[float, int]] = {}
 # series per store: the SDK's own limit per instrument (it drops the rest), so model names without end cannot grow
 # the stores or the work of every collection
 _MAX_LATEST = 2000
-
-
-def _make_room(latest: dict[frozenset[tuple[str, Any]], tuple[float, int]]) -> None:
-    """The series first seen goes: one still in use comes back with its next response."""
-    with contextlib.suppress(KeyError, RuntimeError, StopIteration):  # another thread made room first
-        del latest[next(iter(latest))]
+_LATEST_LOCK = threading.Lock()
 
 
 class _Shared:
@@ -453,9 +448,10 @@ def stop_later_writer() -> None:
 def _after_fork() -> None:
     """In a forked child: what waits is the parent's to write (the SDK's span processors drop their queues too), and
     threads do not survive a fork, so a writer that ran needs a new one, with a fresh event."""
-    global _later_writer, _later_wake, _later_idle, _later_lock
+    global _later_writer, _later_wake, _later_idle, _later_lock, _LATEST_LOCK
     _LATER.clear()
     _later_lock = threading.Lock()  # another thread may have held it at the fork
+    _LATEST_LOCK = threading.Lock()
     if _later_writer is not None:
         _later_wake, _later_idle = threading.Event(), threading.Event()
         _later_idle.set()

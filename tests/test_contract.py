@@ -666,6 +666,49 @@ def test_rate_limit_gauges_keep_a_bounded_number_of_series(otel: Captured, monke
         assert series == [("m3", "tokens"), ("m4", "requests"), ("m4", "tokens")]
 
 
+def test_rate_limit_gauges_keep_the_newest_response_when_threads_finish_together(
+        instrument: Instrument, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An older response's operation that reads the store, then stores late (its thread paused in between), must
+    not overwrite a newer response stored meanwhile by another thread."""
+    older_thread = threading.current_thread()  # reassigned below
+
+    class StoreThatPausesTheOlder(dict[Any, Any]):
+        newer_stored = threading.Event()
+
+        def __setitem__(self, key: Any, value: Any) -> None:
+            if threading.current_thread() is older_thread:
+                self.newer_stored.wait(0.5)  # long enough for the other thread, if nothing keeps it out
+            super().__setitem__(key, value)
+            if threading.current_thread() is not older_thread:
+                self.newer_stored.set()
+
+    monkeypatch.setattr(_telemetry, "_LATEST_REMAINING", StoreThatPausesTheOlder())
+    otel = instrument()  # its gauge reads that store
+    older = wire.Reply.json(wire.chat_completion_body("pq"), headers=wire.openai_ratelimit_headers(500, 100, 9, 9))
+    newer = wire.Reply.json(wire.chat_completion_body("pq"), headers=wire.openai_ratelimit_headers(500, 50, 9, 9))
+    client, _ = sync_client([older, newer])
+    responded = threading.Event()
+
+    def call_and_respond() -> None:
+        client.chat.completions.create(model="m", messages=MESSAGES)  # arrives first, finishes last
+
+    original_finish = _telemetry.Telemetry.finish
+
+    def finish_after_signalling(self: Any, op: Any, *args: Any, **kwargs: Any) -> None:
+        if threading.current_thread() is older_thread:
+            responded.set()
+        original_finish(self, op, *args, **kwargs)
+
+    monkeypatch.setattr(_telemetry.Telemetry, "finish", finish_after_signalling)
+    older_thread = threading.Thread(target=call_and_respond)
+    older_thread.start()
+    assert responded.wait(5)
+    client.chat.completions.create(model="m", messages=MESSAGES)  # the newer response, finished meanwhile
+    older_thread.join(5)
+    remaining = otel.point(sc.STABLE_NAMES.rate_limit_remaining.name, otel_llm__rate_limit__resource="requests")
+    assert remaining.value == 50
+
+
 def test_callers_extra_body_is_kept_and_its_stream_options_respected(otel: Captured) -> None:
     client, recorder = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
     extra = {"top_k": 5, "stream_options": {"include_obfuscation": False}}
