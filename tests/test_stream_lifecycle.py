@@ -14,6 +14,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import openai
 import pytest
 import wire
@@ -69,14 +70,18 @@ def test_break_then_close_is_cancelled(otel: Captured) -> None:
     assert otel.point(sc.STABLE_NAMES.time_to_first_chunk.name).count == 1
 
 
+@pytest.mark.parametrize("helper", [False, True], ids=["stream", "stream-helper"])
 def test_a_close_from_another_thread_is_cancelled_however_the_read_there_ends(
-        otel: Captured, monkeypatch: pytest.MonkeyPatch) -> None:
+        otel: Captured, monkeypatch: pytest.MonkeyPatch, helper: bool) -> None:
     """A watchdog or disconnect handler closes the stream another thread is reading: the caller stopped it, even
     when the read there has ended (failed, or run on to the end) by the time close() returns, as a busy process may
     order it. Over real sockets: the read is blocked in the socket when the close comes."""
     with wire.LoopbackServer(server(delays=[0, 0, 0.2, 0.2, 0.2])) as llm:
         client = openai.OpenAI(api_key=API_KEY, base_url=llm.base_url, max_retries=0)
-        stream = client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+        if helper:  # chat.completions.stream(): its close() closes the HTTP response itself
+            stream: Any = client.chat.completions.stream(model="m", messages=MESSAGES).__enter__()
+        else:
+            stream = client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
         first = threading.Event()
 
         def read() -> None:
@@ -87,13 +92,13 @@ def test_a_close_from_another_thread_is_cancelled_however_the_read_there_ends(
         reader = threading.Thread(target=read)
         reader.start()
         assert first.wait(5)
-        close = openai.Stream.close
+        close = httpx2.Response.close
 
-        def close_then_let_the_read_end(self: openai.Stream[Any]) -> None:
+        def close_then_let_the_read_end(self: httpx2.Response) -> None:
             close(self)
             reader.join(5)
 
-        monkeypatch.setattr(openai.Stream, "close", close_then_let_the_read_end)
+        monkeypatch.setattr(httpx2.Response, "close", close_then_let_the_read_end)
         stream.close()
     assert not reader.is_alive()
     otel.assert_finished(sc.ERROR_CANCELLED)
