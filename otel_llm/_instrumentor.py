@@ -49,6 +49,8 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             self._telemetry: Telemetry | None = None
             # bumped by uninstrument(): import hooks registered before it then do nothing
             self._generation = 0
+            # the providers in use, by instrument()'s argument names
+            self._providers: dict[str, Any] = {}
 
     def instrument(self, **kwargs: Any) -> Any:
         """One call instruments at a time, holding no lock while it runs (it imports, and an import may wait on
@@ -58,7 +60,8 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             return None
         try:
             if self.is_instrumented_by_opentelemetry:  # by an earlier call, or the one this one waited for
-                if any(kwargs.get(key) is not None for key in _PROVIDER_KEYS):
+                if any(kwargs.get(key) is not None and kwargs[key] is not self._providers.get(key)
+                       for key in _PROVIDER_KEYS):
                     _log.warning("otel_llm: already instrumented (by opentelemetry-instrument or an earlier "
                                  "instrument()); the providers passed now are not used. Call "
                                  "otel_llm.uninstrument() first to change them")
@@ -114,6 +117,8 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             logger,
         )
         self._telemetry = telemetry
+        self._providers = {"tracer_provider": tracer_provider, "meter_provider": meter_provider,
+                           "logger_provider": kwargs.get("logger_provider")}
         # A client is patched when the application imports it (at once if it already has): instrument() does not
         # import clients the application never uses (botocore and anthropic alone take ~1 s).
         for adapter, client in ADAPTERS.items():

@@ -330,7 +330,7 @@ _LATEST_LIMITS: dict[frozenset[tuple[str, Any]], tuple[float, int]] = {}
 # series per store: the SDK's own limit per instrument (it drops the rest), so model names without end cannot grow
 # the stores or the work of every collection
 _MAX_LATEST = 2000
-_LATEST_LOCK = threading.Lock()
+_LATEST_LOCK = threading.RLock()  # re-entrant: a signal handler may finish an operation while this thread holds it
 
 
 class _Shared:
@@ -451,7 +451,7 @@ def _after_fork() -> None:
     global _later_writer, _later_wake, _later_idle, _later_lock, _LATEST_LOCK
     _LATER.clear()
     _later_lock = threading.Lock()  # another thread may have held it at the fork
-    _LATEST_LOCK = threading.Lock()
+    _LATEST_LOCK = threading.RLock()
     if _later_writer is not None:
         _later_wake, _later_idle = threading.Event(), threading.Event()
         _later_idle.set()

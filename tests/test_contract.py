@@ -185,6 +185,7 @@ def test_providers_passed_once_instrumented_are_said_to_be_unused(
     captured = instrument()
     with caplog.at_level(logging.WARNING, logger="otel_llm"):
         otel_llm.instrument()  # nothing passed: nothing to say
+        otel_llm.instrument(tracer_provider=captured.tracer_provider)  # the one in use: nothing to say either
         assert caplog.records == []
         otel_llm.instrument(tracer_provider=TracerProvider())
     assert [r.getMessage() for r in caplog.records] == [
@@ -707,6 +708,18 @@ def test_rate_limit_gauges_keep_the_newest_response_when_threads_finish_together
     older_thread.join(5)
     remaining = otel.point(sc.STABLE_NAMES.rate_limit_remaining.name, otel_llm__rate_limit__resource="requests")
     assert remaining.value == 50
+
+
+@pytest.mark.timeout(10)
+def test_a_call_finished_while_its_thread_stores_headroom_does_not_deadlock(otel: Captured) -> None:
+    """A signal handler (SIGTERM closing what is open, say) may finish an operation on a thread that is in the
+    middle of storing rate-limit headroom: the store's lock must let the same thread in."""
+    headers = wire.openai_ratelimit_headers(500, 100, 9000, 900)
+    client, _ = sync_client([wire.Reply.json(wire.chat_completion_body("pq"), headers=headers)])
+    with _telemetry._LATEST_LOCK:  # this thread, interrupted inside a store
+        client.chat.completions.create(model="m", messages=MESSAGES)
+    remaining = otel.point(sc.STABLE_NAMES.rate_limit_remaining.name, otel_llm__rate_limit__resource="requests")
+    assert remaining.value == 100
 
 
 def test_callers_extra_body_is_kept_and_its_stream_options_respected(otel: Captured) -> None:
