@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence, Set
 from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING, Any, Protocol
 
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 
 from otel_llm._safety import report_failure
-from otel_llm._stream import AsyncResponseProxy, AsyncStreamProxy, ResponseProxy, StreamProxy
+from otel_llm._stream import AsyncResponseProxy, ResponseProxy, StreamProxy, async_stream_proxy
 
 if TYPE_CHECKING:
     from otel_llm._operation import Operation, Request
@@ -253,10 +253,19 @@ def _foreign_stream(result: Any, is_async: bool) -> Kind:
     """A streamed request's result that is not the client's stream: another library's wrapper around it (an
     instrumentation that wrapped the method before us, such as OpenTelemetry's openai-v2). One that iterates is
     proxied like the stream itself, so its chunks still pass through us and a usage chunk we asked for is still
-    hidden; anything else is read as a final object."""
+    hidden (one that is only iterable too: we step its iterator). A final object (a model, a collection) is read
+    as one."""
+    kind = type(result)
     if is_async:
-        return Kind.ASYNC_STREAM if hasattr(type(result), "__anext__") else Kind.COMPLETE
-    return Kind.STREAM if hasattr(type(result), "__next__") else Kind.COMPLETE
+        return Kind.ASYNC_STREAM if hasattr(kind, "__anext__") else Kind.COMPLETE
+    if hasattr(kind, "__next__") or (hasattr(kind, "__iter__") and not _whole(kind)):
+        return Kind.STREAM
+    return Kind.COMPLETE
+
+
+def _whole(kind: type) -> bool:
+    """Iterable, yet a final object: a collection, or a model that iterates its fields (pydantic's)."""
+    return issubclass(kind, (Sequence, Mapping, Set)) or hasattr(kind, "model_fields")
 
 
 def _observer(endpoint: Endpoint, op: Operation) -> Callable[[Operation, Any], int]:
@@ -287,7 +296,7 @@ def _adopt(telemetry: Telemetry, endpoint: Endpoint, op: Operation, result: Any,
         if kind is Kind.STREAM:
             return StreamProxy(result, op, telemetry, _observer(endpoint, op), endpoint.read_error)
         if kind is Kind.ASYNC_STREAM:
-            return AsyncStreamProxy(result, op, telemetry, _observer(endpoint, op), endpoint.read_error)
+            return async_stream_proxy(result, op, telemetry, _observer(endpoint, op), endpoint.read_error)
 
         def adopt_parsed(op: Operation, parsed: Any) -> Any:
             return _adopt(telemetry, endpoint, op, parsed, is_async=is_async)

@@ -175,7 +175,9 @@ class StreamProxy(_StreamLifecycle):
     def __init__(self, wrapped: Any, op: Operation, telemetry: Telemetry, observe: Observe,
                  read_error: ReadError) -> None:
         super().__init__(wrapped, op, telemetry)
-        self._self_next = _sync_step(wrapped.__next__, observe, read_error, op, telemetry)
+        # the client's stream is its own iterator; another library's wrapper may only be iterable
+        chunks = wrapped if hasattr(type(wrapped), "__next__") else iter(wrapped)
+        self._self_next = _sync_step(chunks.__next__, observe, read_error, op, telemetry)
 
     def __iter__(self) -> StreamProxy:
         return self
@@ -217,6 +219,21 @@ class AsyncStreamProxy(_StreamLifecycle):
     async def close(self) -> None:
         self._self_closed()
         await self.__wrapped__.close()
+
+
+class _AsyncClosingStreamProxy(AsyncStreamProxy):
+    """For a stream that has ``aclose()`` too (openai's AsyncStream, an async generator another library hands us):
+    that close is the caller's as well. Only there, so a stream without one does not seem to have it."""
+
+    async def aclose(self) -> None:
+        self._self_closed()
+        await self.__wrapped__.aclose()
+
+
+def async_stream_proxy(wrapped: Any, op: Operation, telemetry: Telemetry, observe: Observe,
+                       read_error: ReadError) -> AsyncStreamProxy:
+    proxy = _AsyncClosingStreamProxy if hasattr(type(wrapped), "aclose") else AsyncStreamProxy
+    return proxy(wrapped, op, telemetry, observe, read_error)
 
 
 def closed_by_helper(raw_stream: object) -> None:

@@ -711,6 +711,64 @@ def test_a_stream_another_instrumentation_wrapped_before_us_is_measured_and_its_
     assert captured.point(sc.STABLE_NAMES.time_to_first_chunk.name).count == 1
 
 
+class IterableOnlyStream:
+    """Another library's wrapper written as a generator method: iterable, not an iterator."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def __iter__(self) -> Any:
+        yield from self.stream
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+def test_a_wrapper_that_is_only_iterable_is_stepped_through(
+        instrument: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from openai.resources.chat.completions.completions import Completions
+
+    def theirs(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        result = wrapped(*args, **kwargs)
+        return IterableOnlyStream(result) if kwargs.get("stream") else result
+
+    monkeypatch.setattr(Completions, "create", wrapt.FunctionWrapper(vars(Completions)["create"], theirs))
+    request = {"model": "gpt-4o-mini", "messages": MESSAGES, "stream": True}
+    without, _ = chat(False, openai_server(tokens=TOKENS, usage=USAGE), **request)
+    captured = instrument()
+    with_us, _ = chat(False, openai_server(tokens=TOKENS, usage=USAGE), **request)
+    assert with_us == without and all(chunk.choices for chunk in with_us)
+    attrs = attributes(captured.span())
+    assert (attrs[sc.USAGE_OUTPUT_TOKENS], attrs[sc.CONTENT_CHUNKS]) == (4, 3)
+
+
+def test_an_async_generator_another_library_hands_back_is_cancelled_by_its_aclose(
+        instrument: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from openai.resources.chat.completions.completions import AsyncCompletions
+
+    async def theirs(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        stream = await wrapped(*args, **kwargs)
+
+        async def chunks() -> Any:
+            async for chunk in stream:
+                yield chunk
+
+        return chunks()
+
+    monkeypatch.setattr(AsyncCompletions, "create", wrapt.FunctionWrapper(vars(AsyncCompletions)["create"], theirs))
+    captured = instrument()
+    client, _ = async_client(openai_server(tokens=TOKENS, usage=USAGE))
+
+    async def first_then_aclose() -> Any:
+        chunks = await client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, stream=True)
+        first = await chunks.__anext__()
+        await chunks.aclose()
+        return first
+
+    assert asyncio.run(first_then_aclose()).choices
+    captured.assert_finished(sc.ERROR_CANCELLED)
+
+
 def test_prompt_length_counts_the_text_of_every_message_shape(otel: Captured) -> None:
     answered_before = openai.types.chat.ChatCompletionMessage(role="assistant", content="Earlier answer")
     messages = [

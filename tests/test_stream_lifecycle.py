@@ -493,17 +493,37 @@ def test_async_stream_exhausted_and_closed(otel: Captured) -> None:
     otel.assert_finished(None)
 
 
-def test_async_break_then_close(otel: Captured) -> None:
+@pytest.mark.parametrize("close", ["close", "aclose"])
+def test_async_break_then_close(otel: Captured, close: str) -> None:
+    """aclose() is openai's alias of close(), the one contextlib.aclosing() calls."""
     client, _ = async_client(server())
 
     async def main() -> None:
         stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
         async for _ in stream:
             break
-        await stream.close()
+        await getattr(stream, close)()
 
     asyncio.run(main())
     otel.assert_finished(sc.ERROR_CANCELLED)
+
+
+def test_an_async_stream_without_aclose_does_not_seem_to_have_one(instrument: Any) -> None:
+    import anthropic
+    import wire_anthropic
+
+    instrument()
+    events = wire_anthropic.text_events(["a"], usage=wire_anthropic.Usage(input=3, output=1))
+    http, _ = wire.mock_client([wire_anthropic.stream_reply(events)], async_=True)
+    client = anthropic.AsyncAnthropic(api_key="sk-test", http_client=http, max_retries=0)
+
+    async def main() -> bool:
+        stream = await client.messages.create(model="claude", max_tokens=5, stream=True,
+                                              messages=[{"role": "user", "content": "hi"}])
+        await stream.close()
+        return hasattr(stream, "aclose")
+
+    assert asyncio.run(main()) is hasattr(anthropic.AsyncStream, "aclose") is False
 
 
 def test_stream_helper_keeps_its_api_and_finishes_on_its_own_close(otel: Captured) -> None:
