@@ -257,15 +257,16 @@ def _foreign_stream(result: Any, is_async: bool) -> Kind:
     as one."""
     kind = type(result)
     if is_async:
-        return Kind.ASYNC_STREAM if hasattr(kind, "__anext__") else Kind.COMPLETE
-    if hasattr(kind, "__next__") or (hasattr(kind, "__iter__") and not _whole(kind)):
+        if hasattr(kind, "__anext__") or (hasattr(kind, "__aiter__") and not _whole(kind)):
+            return Kind.ASYNC_STREAM
+    elif hasattr(kind, "__next__") or (hasattr(kind, "__iter__") and not _whole(kind)):
         return Kind.STREAM
     return Kind.COMPLETE
 
 
 def _whole(kind: type) -> bool:
-    """Iterable, yet a final object: a collection, or a model that iterates its fields (pydantic's)."""
-    return issubclass(kind, (Sequence, Mapping, Set)) or hasattr(kind, "model_fields")
+    """Iterable, yet a final object: a collection, or a model that iterates its fields (pydantic's, v2 or v1)."""
+    return issubclass(kind, (Sequence, Mapping, Set)) or hasattr(kind, "model_fields") or hasattr(kind, "__fields__")
 
 
 def _observer(endpoint: Endpoint, op: Operation) -> Callable[[Operation, Any], int]:

@@ -158,6 +158,7 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             self._telemetry.retired = True
         stop_later_writer()
         self._telemetry = None
+        self._providers = {}
         self._patches.remove()
 
 

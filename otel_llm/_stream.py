@@ -201,7 +201,8 @@ class AsyncStreamProxy(_StreamLifecycle):
     def __init__(self, wrapped: Any, op: Operation, telemetry: Telemetry, observe: Observe,
                  read_error: ReadError) -> None:
         super().__init__(wrapped, op, telemetry)
-        self._self_next = _async_step(wrapped.__anext__, observe, read_error, op, telemetry)
+        chunks = wrapped if hasattr(type(wrapped), "__anext__") else aiter(wrapped)  # as StreamProxy's
+        self._self_next = _async_step(chunks.__anext__, observe, read_error, op, telemetry)
 
     def __aiter__(self) -> AsyncStreamProxy:
         return self

@@ -241,7 +241,7 @@ class Telemetry:
         series = self._series.get(key) or self._new_series(key, op)
         for resource, (remaining, limit) in op.rate_limits.items():
             gauge_key = series.rate_limit_keys.get(resource) or series.rate_limit_key(resource)
-            with _LATEST_LOCK:  # compare and store as one: operations finish on many threads
+            with _LATEST_LOCK:  # compare and store as one against other threads (a signal handler may re-enter)
                 for value, latest in ((remaining, _LATEST_REMAINING), (limit, _LATEST_LIMITS)):
                     if value is None:
                         continue

@@ -196,6 +196,27 @@ def test_providers_passed_once_instrumented_are_said_to_be_unused(
     assert len(captured.spans()) == 1  # still the first providers'
 
 
+def test_uninstrument_keeps_no_provider_alive() -> None:
+    """An application that drops its providers after uninstrument() gets them freed (a fresh process: nothing of
+    the suite's holds them)."""
+    script = textwrap.dedent("""
+        import gc, weakref
+        import otel_llm
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.trace import TracerProvider
+        tracer_provider, meter_provider = TracerProvider(shutdown_on_exit=False), MeterProvider(shutdown_on_exit=False)
+        otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
+        otel_llm.uninstrument()
+        refs = weakref.ref(tracer_provider), weakref.ref(meter_provider)
+        del tracer_provider, meter_provider
+        gc.collect()
+        print([ref() is None for ref in refs])
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["[True,", "True]"]
+
+
 class RefusingTracers(TracerProvider):
     def get_tracer(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("no tracers here")

@@ -18,6 +18,7 @@ from conftest import Captured, async_client, attributes, cancel_midway, openai_s
 from openai._base_client import BaseClient
 from opentelemetry.trace import SpanKind, StatusCode
 
+from otel_llm import _safety
 from otel_llm import _semconv as sc
 from otel_llm._operation import Operation
 from otel_llm.providers import openai as openai_adapter
@@ -767,6 +768,54 @@ def test_an_async_generator_another_library_hands_back_is_cancelled_by_its_aclos
 
     assert asyncio.run(first_then_aclose()).choices
     captured.assert_finished(sc.ERROR_CANCELLED)
+
+
+class AsyncIterableOnlyStream:
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    async def __aiter__(self) -> Any:
+        async for chunk in self.stream:
+            yield chunk
+
+
+def test_an_async_wrapper_that_is_only_iterable_is_stepped_through(
+        instrument: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from openai.resources.chat.completions.completions import AsyncCompletions
+
+    async def theirs(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        return AsyncIterableOnlyStream(await wrapped(*args, **kwargs))
+
+    monkeypatch.setattr(AsyncCompletions, "create", wrapt.FunctionWrapper(vars(AsyncCompletions)["create"], theirs))
+    request = {"model": "gpt-4o-mini", "messages": MESSAGES, "stream": True}
+    without, _ = chat(True, openai_server(tokens=TOKENS, usage=USAGE), **request)
+    captured = instrument()
+    with_us, _ = chat(True, openai_server(tokens=TOKENS, usage=USAGE), **request)
+    assert with_us == without and all(chunk.choices for chunk in with_us)
+    attrs = attributes(captured.span())
+    assert (attrs[sc.USAGE_OUTPUT_TOKENS], attrs[sc.CONTENT_CHUNKS]) == (4, 3)
+
+
+def test_a_final_object_another_library_hands_back_for_a_stream_is_read_as_one(
+        instrument: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model iterates its fields (pydantic v1's too, which has no model_fields): that is no stream."""
+    from openai.resources.chat.completions.completions import Completions
+    from pydantic import v1
+
+    class Cached(v1.BaseModel):
+        text: str
+
+    def theirs(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        return Cached(text="from a cache")
+
+    monkeypatch.setattr(Completions, "create", wrapt.FunctionWrapper(vars(Completions)["create"], theirs))
+    monkeypatch.setattr(_safety, "strict", False)  # not a ChatCompletion: reading it is logged, not raised
+    monkeypatch.setattr(_safety, "_reported", set())
+    captured = instrument()
+    client, _ = sync_client([])
+    result = client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, stream=True)
+    assert type(result) is Cached
+    assert len(captured.spans()) == 1  # finished at once, not left for the collector as abandoned
 
 
 def test_prompt_length_counts_the_text_of_every_message_shape(otel: Captured) -> None:
