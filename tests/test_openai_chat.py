@@ -680,21 +680,49 @@ class OtherLibrarysStream:
         return getattr(self.stream, name)
 
 
+class IterableOnlyStream:
+    """Another library's wrapper written as a generator method: iterable, not an iterator."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def __iter__(self) -> Any:
+        yield from self.stream
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+class AsyncIterableOnlyStream:
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    async def __aiter__(self) -> Any:
+        async for chunk in self.stream:
+            yield chunk
+
+
+# how another library may hand the client's stream back: (stream, is_async) -> its object
+FOREIGN_STREAMS = {
+    "iterator-passing-attributes": lambda stream, is_async: OtherLibrarysStream(stream),
+    "only-iterable": lambda stream, is_async: (AsyncIterableOnlyStream if is_async else IterableOnlyStream)(stream),
+}
+
+
+@pytest.mark.parametrize("foreign", FOREIGN_STREAMS.values(), ids=FOREIGN_STREAMS.keys())
 @pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
 def test_a_stream_another_instrumentation_wrapped_before_us_is_measured_and_its_usage_chunk_hidden(
-        instrument: Any, monkeypatch: pytest.MonkeyPatch, is_async: bool) -> None:
+        instrument: Any, monkeypatch: pytest.MonkeyPatch, is_async: bool, foreign: Any) -> None:
     """Instrumented first, another library hands us its own stream object: the caller still gets exactly what it
     would without us (our usage chunk was an IndexError on choices[0] in the caller's loop), and the span is a
     stream's."""
     from openai.resources.chat.completions.completions import AsyncCompletions, Completions
 
     def theirs(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        result = wrapped(*args, **kwargs)
-        return OtherLibrarysStream(result) if kwargs.get("stream") else result
+        return foreign(wrapped(*args, **kwargs), False)
 
     async def theirs_async(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        result = await wrapped(*args, **kwargs)
-        return OtherLibrarysStream(result) if kwargs.get("stream") else result
+        return foreign(await wrapped(*args, **kwargs), True)
 
     resource = AsyncCompletions if is_async else Completions
     monkeypatch.setattr(resource, "create", wrapt.FunctionWrapper(vars(resource)["create"],
@@ -710,37 +738,6 @@ def test_a_stream_another_instrumentation_wrapped_before_us_is_measured_and_its_
     assert (attrs[sc.USAGE_OUTPUT_TOKENS], attrs[sc.CONTENT_CHUNKS]) == (4, 3)
     assert sc.RESPONSE_TIME_TO_FIRST_CHUNK in attrs and sc.ERROR_TYPE not in attrs
     assert captured.point(sc.STABLE_NAMES.time_to_first_chunk.name).count == 1
-
-
-class IterableOnlyStream:
-    """Another library's wrapper written as a generator method: iterable, not an iterator."""
-
-    def __init__(self, stream: Any) -> None:
-        self.stream = stream
-
-    def __iter__(self) -> Any:
-        yield from self.stream
-
-    def close(self) -> None:
-        self.stream.close()
-
-
-def test_a_wrapper_that_is_only_iterable_is_stepped_through(
-        instrument: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from openai.resources.chat.completions.completions import Completions
-
-    def theirs(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        result = wrapped(*args, **kwargs)
-        return IterableOnlyStream(result) if kwargs.get("stream") else result
-
-    monkeypatch.setattr(Completions, "create", wrapt.FunctionWrapper(vars(Completions)["create"], theirs))
-    request = {"model": "gpt-4o-mini", "messages": MESSAGES, "stream": True}
-    without, _ = chat(False, openai_server(tokens=TOKENS, usage=USAGE), **request)
-    captured = instrument()
-    with_us, _ = chat(False, openai_server(tokens=TOKENS, usage=USAGE), **request)
-    assert with_us == without and all(chunk.choices for chunk in with_us)
-    attrs = attributes(captured.span())
-    assert (attrs[sc.USAGE_OUTPUT_TOKENS], attrs[sc.CONTENT_CHUNKS]) == (4, 3)
 
 
 def test_an_async_generator_another_library_hands_back_is_cancelled_by_its_aclose(
@@ -768,32 +765,6 @@ def test_an_async_generator_another_library_hands_back_is_cancelled_by_its_aclos
 
     assert asyncio.run(first_then_aclose()).choices
     captured.assert_finished(sc.ERROR_CANCELLED)
-
-
-class AsyncIterableOnlyStream:
-    def __init__(self, stream: Any) -> None:
-        self.stream = stream
-
-    async def __aiter__(self) -> Any:
-        async for chunk in self.stream:
-            yield chunk
-
-
-def test_an_async_wrapper_that_is_only_iterable_is_stepped_through(
-        instrument: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from openai.resources.chat.completions.completions import AsyncCompletions
-
-    async def theirs(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        return AsyncIterableOnlyStream(await wrapped(*args, **kwargs))
-
-    monkeypatch.setattr(AsyncCompletions, "create", wrapt.FunctionWrapper(vars(AsyncCompletions)["create"], theirs))
-    request = {"model": "gpt-4o-mini", "messages": MESSAGES, "stream": True}
-    without, _ = chat(True, openai_server(tokens=TOKENS, usage=USAGE), **request)
-    captured = instrument()
-    with_us, _ = chat(True, openai_server(tokens=TOKENS, usage=USAGE), **request)
-    assert with_us == without and all(chunk.choices for chunk in with_us)
-    attrs = attributes(captured.span())
-    assert (attrs[sc.USAGE_OUTPUT_TOKENS], attrs[sc.CONTENT_CHUNKS]) == (4, 3)
 
 
 def test_a_final_object_another_library_hands_back_for_a_stream_is_read_as_one(
