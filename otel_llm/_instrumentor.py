@@ -176,8 +176,8 @@ def _warn_of_twins() -> None:
     disabled = {name.strip() for name in os.environ.get("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", "").split(",")}
     if "*" in disabled:
         return
-    try:
-        twins = sorted({f"{entry.name} ({entry.dist.name if entry.dist else entry.value})"
+    try:  # (entry-point name, its distribution)
+        twins = sorted({(entry.name, entry.dist.name if entry.dist else entry.value)
                         for entry in importlib.metadata.entry_points(group="opentelemetry_instrumentor")
                         if entry.name in _TWINS and entry.name not in disabled})
     except Exception:  # metadata we cannot read: nothing to say
@@ -185,7 +185,8 @@ def _warn_of_twins() -> None:
     if twins:
         _log.warning("otel_llm: opentelemetry-instrument also loads %s, which records the same LLM calls: each "
                      "would be recorded twice. Keep one: OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=%s",
-                     ", ".join(twins), ",".join(sorted({twin.split(" ")[0] for twin in twins})))
+                     ", ".join(f"{name} ({distribution})" for name, distribution in twins),
+                     ",".join(sorted({name for name, _ in twins})))
 
 
 # The thread running instrument() or uninstrument() now, and what tells the others it is done; _CLAIM guards both
