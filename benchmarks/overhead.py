@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/overhead.py            # full run, a few minutes
     .venv/bin/python benchmarks/overhead.py --quick    # a smoke run (the test suite runs this)
 
-Two views, both in this thread's CPU time (other processes on a shared 2-core machine do not move it):
+Three views, all in this thread's CPU time (other processes on a shared 2-core machine do not move it):
 
 1. End to end, side by side: the real openai client reads real SSE bytes from its own in-process transport (no
    network, no sleeps), so the client's own work is the baseline. Uninstrumented and instrumented requests
@@ -14,10 +14,13 @@ Two views, both in this thread's CPU time (other processes on a shared 2-core ma
    and adapter, against iterating them bare), the finish (span end and every histogram record, real SDK
    pipeline) for 16/256/1024-chunk streams, and the whole non-streaming wrapper around a call that returns a real
    ChatCompletion. Per chunk in total = chunk path + the finish's cost per extra chunk (the sampled gap records).
+3. End to end as in 1, under what a user can choose that changes our cost: spans sampled out (a sampler that
+   records none, as a low trace ratio does for most requests), no usage asked for on streams
+   (OTEL_LLM_STREAM_USAGE=false), and both. Each run checks that its configuration took effect.
 
 Telemetry goes to a real SDK pipeline: a TracerProvider with a BatchSpanProcessor (exporter dropping spans) and a
 MeterProvider with an in-memory reader. Our histogram values wait in a batch until a reader collects; the work of
-adding them then is counted in both views, shared out over the requests since the previous collection (every 64
+adding them then is counted in every view, shared out over the requests since the previous collection (every 64
 requests here, so rather more than with a real exporter's 15-60 s). The SDK's own collection work, the same with or
 without us, is not. Memory: RSS growth over N streamed requests after a warm-up, content capture off.
 """
@@ -41,14 +44,15 @@ import httpx2
 import openai
 from openai.resources.chat.completions.completions import AsyncCompletions, Completions
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, Sampler
 
 import otel_llm
 from otel_llm._calls import sync_call
 from otel_llm._operation import Operation
-from otel_llm._settings import load_settings
+from otel_llm._settings import STREAM_USAGE_ENV, Settings, load_settings
 from otel_llm._stream import StreamProxy
 from otel_llm._telemetry import Telemetry
 from otel_llm.providers import openai as openai_adapter
@@ -62,7 +66,11 @@ _now = time.thread_time_ns
 
 
 class _DropSpans(SpanExporter):
+    def __init__(self) -> None:
+        self.dropped = 0
+
     def export(self, spans: Sequence[Any]) -> SpanExportResult:
+        self.dropped += len(spans)
         return SpanExportResult.SUCCESS
 
 
@@ -157,10 +165,20 @@ class Workload:
     is_async: bool = False
 
 
-def _pipeline() -> tuple[TracerProvider, MeterProvider, InMemoryMetricReader]:
-    tracer_provider = TracerProvider()
+@dataclass(frozen=True)
+class Configuration:
+    """What a user can choose that changes our cost: whether spans are sampled, whether streams ask for usage."""
+
+    name: str
+    sampled: bool = True
+    stream_usage: bool = True
+
+
+def _pipeline(sampler: Sampler | None = None,
+              exporter: SpanExporter | None = None) -> tuple[TracerProvider, MeterProvider, InMemoryMetricReader]:
+    tracer_provider = TracerProvider(sampler=sampler)
     # a queue that does not fill up between the exporter thread's turns: dropping spans would be cheaper than ending
-    tracer_provider.add_span_processor(BatchSpanProcessor(_DropSpans(), max_queue_size=1 << 20))
+    tracer_provider.add_span_processor(BatchSpanProcessor(exporter or _DropSpans(), max_queue_size=1 << 20))
     reader = InMemoryMetricReader()
     return tracer_provider, MeterProvider(metric_readers=[reader]), reader
 
@@ -180,7 +198,8 @@ def adding_ns(reader: InMemoryMetricReader) -> int:
     return max(0, with_values - (_now() - start))
 
 
-def side_by_side(workload: Workload) -> tuple[float, float, float, float]:
+def side_by_side(workload: Workload,
+                 configuration: Configuration = Configuration("as shipped")) -> tuple[float, float, float, float]:
     """Median CPU time per request off and on, the median of the paired differences, and how far that median moves
     within the run (max - min over ten interleaved tenths of the pairs), in us.
 
@@ -189,8 +208,17 @@ def side_by_side(workload: Workload) -> tuple[float, float, float, float]:
     cancels out pair by pair. The uninstrumented request still passes our response-header hook, which steps aside at
     once (a few hundred ns)."""
     events, plain = _body(max(workload.chunks, 1))
-    tracer_provider, meter_provider, reader = _pipeline()
-    otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
+    exporter = _DropSpans()
+    tracer_provider, meter_provider, reader = _pipeline(None if configuration.sampled else ALWAYS_OFF, exporter)
+    usage_before = os.environ.get(STREAM_USAGE_ENV)
+    os.environ[STREAM_USAGE_ENV] = str(configuration.stream_usage).lower()  # read by instrument()
+    try:
+        otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
+    finally:
+        if usage_before is None:
+            del os.environ[STREAM_USAGE_ENV]
+        else:
+            os.environ[STREAM_USAGE_ENV] = usage_before
     try:
         if workload.is_async:
             aclient = openai.AsyncOpenAI(api_key="k", http_client=httpx2.AsyncClient(
@@ -243,10 +271,28 @@ def side_by_side(workload: Workload) -> tuple[float, float, float, float]:
     finally:
         otel_llm.uninstrument()
         tracer_provider.shutdown()
+    _check(configuration, workload, exporter.dropped, reader)
     differences = [on - off for off, on in measured]
     tenths = [statistics.median(differences[start::10]) for start in range(10)]
     return (statistics.median(off for off, _ in measured) / 1e3, statistics.median(on for _, on in measured) / 1e3,
             statistics.median(differences) / 1e3, (max(tenths) - min(tenths)) / 1e3)
+
+
+def _check(configuration: Configuration, workload: Workload, spans: int, reader: InMemoryMetricReader) -> None:
+    """The figures are the configuration's: spans only when sampled; a stream's TPOT (which needs its output-token
+    count) only when we asked for usage, since the server here sends usage only when asked."""
+    tpot = load_settings().metric_names.time_per_output_token.name
+    data = reader.get_metrics_data()
+    tpot_values = 0
+    for resource in data.resource_metrics if data is not None else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name == tpot:
+                    tpot_values += sum(point.count for point in metric.data.data_points
+                                       if isinstance(point, HistogramDataPoint))
+    if (spans > 0) != configuration.sampled or (workload.chunks and (tpot_values > 0) != configuration.stream_usage):
+        raise RuntimeError(f"{configuration.name}, {workload.name}: {spans} spans and {tpot_values} TPOT values "
+                           "recorded, not what the configuration makes")
 
 
 def _real_chunks(count: int) -> list[Any]:
@@ -394,6 +440,27 @@ def memory_growth(requests: int) -> tuple[int, int]:
         tracer_provider.shutdown()
 
 
+def our_code_alone(settings: Settings, repeat: int) -> None:
+    tracer_provider, meter_provider, _ = _pipeline()
+    telemetry = Telemetry(tracer_provider.get_tracer("bench"), meter_provider.get_meter("bench"), settings)
+    path = chunk_path_ns(_real_chunks(1024), telemetry, repeat) / 1e3
+    unsampled = finish_ns(16, telemetry, repeat, gaps=False) / 1e3
+    sampled = {n: finish_ns(n, telemetry, repeat, gaps=True) / 1e3 for n in (16, 256, 1024)}
+    per_gap = (sampled[1024] - sampled[16]) / (1024 - 16)
+    deferred = settings.chunk_gap_sample_rate * per_gap
+    plain = plain_call_ns(telemetry, repeat) / 1e3
+    print(f"chunk path (SDK -> caller): {path:+.2f} us per chunk")
+    print(f"finish of a stream: {unsampled:.1f} us without gap records; with every gap recorded "
+          + ", ".join(f"{n} chunks {us:.1f} us" for n, us in sampled.items()) + f" ({per_gap:.2f} us per gap)")
+    print(f"per chunk in total: {path + deferred:+.2f} us (path {path:.2f} + gap records {per_gap:.2f} x sample "
+          f"rate {settings.chunk_gap_sample_rate})")
+    request_side = plain - plain_finish_ns(telemetry, repeat) / 1e3
+    print(f"fixed per streamed request: {request_side + unsampled:+.1f} us (request side {request_side:.1f}, "
+          f"as for a non-streamed call, + finish {unsampled:.1f})")
+    print(f"non-streaming request: {plain:+.1f} us")
+    tracer_provider.shutdown()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
@@ -407,36 +474,39 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print("\n1. end to end, side by side (uninstrumented and instrumented requests alternating)")
     print(f"{'workload':<20} {'off us/req':>11} {'on us/req':>11} {'+us/req':>9} {'moves':>8} {'+us/chunk':>10}")
+    stream_16, plain_call = Workload("stream 16 chunks", 16, 2000 // scale), Workload("non-streaming", 0, 4000 // scale)
+    shipped = {}
     for workload in (
-        Workload("stream 16 chunks", 16, 2000 // scale),
+        stream_16,
         Workload("stream 256 chunks", 256, 300 // scale),
         Workload("stream 1024 chunks", 1024, 80 // scale),
-        Workload("non-streaming", 0, 4000 // scale),
+        plain_call,
         Workload("async stream 256", 256, 300 // scale),
     ):
         off_us, on_us, delta, spread = side_by_side(workload)
+        shipped[workload.name] = f"{delta:+.1f} ({spread:.1f})"
         per_chunk = f"{delta / workload.chunks:+.2f}" if workload.chunks else ""
         print(f"{workload.name:<20} {off_us:>11.1f} {on_us:>11.1f} {delta:>+9.1f} {spread:>8.1f} {per_chunk:>10}")
 
-    tracer_provider, meter_provider, _ = _pipeline()
-    telemetry = Telemetry(tracer_provider.get_tracer("bench"), meter_provider.get_meter("bench"), settings)
-    path = chunk_path_ns(_real_chunks(1024), telemetry, repeat) / 1e3
-    unsampled = finish_ns(16, telemetry, repeat, gaps=False) / 1e3
-    sampled = {n: finish_ns(n, telemetry, repeat, gaps=True) / 1e3 for n in (16, 256, 1024)}
-    per_gap = (sampled[1024] - sampled[16]) / (1024 - 16)
-    deferred = settings.chunk_gap_sample_rate * per_gap
-    plain = plain_call_ns(telemetry, repeat) / 1e3
     print("\n2. our code alone, real SDK objects and pipeline")
-    print(f"chunk path (SDK -> caller): {path:+.2f} us per chunk")
-    print(f"finish of a stream: {unsampled:.1f} us without gap records; with every gap recorded "
-          + ", ".join(f"{n} chunks {us:.1f} us" for n, us in sampled.items()) + f" ({per_gap:.2f} us per gap)")
-    print(f"per chunk in total: {path + deferred:+.2f} us (path {path:.2f} + gap records {per_gap:.2f} x sample "
-          f"rate {settings.chunk_gap_sample_rate})")
-    request_side = plain - plain_finish_ns(telemetry, repeat) / 1e3
-    print(f"fixed per streamed request: {request_side + unsampled:+.1f} us (request side {request_side:.1f}, "
-          f"as for a non-streamed call, + finish {unsampled:.1f})")
-    print(f"non-streaming request: {plain:+.1f} us")
-    tracer_provider.shutdown()
+    our_code_alone(settings, repeat)
+
+    print("\n3. end to end by what a user can choose, measured as in 1: +us/req (moves)")
+    print(f"{'configuration':<34} {stream_16.name:>18} {plain_call.name:>18}")
+    print(f"{'as shipped (from 1)':<34} {shipped[stream_16.name]:>18} {shipped[plain_call.name]:>18}")
+    for configuration in (
+        Configuration("spans sampled out (ALWAYS_OFF)", sampled=False),
+        Configuration(f"{STREAM_USAGE_ENV}=false", stream_usage=False),
+        Configuration("both", sampled=False, stream_usage=False),
+    ):
+        _, _, delta, spread = side_by_side(stream_16, configuration)
+        figures = [f"{delta:+.1f} ({spread:.1f})"]
+        if configuration.stream_usage:
+            _, _, delta, spread = side_by_side(plain_call, configuration)
+            figures.append(f"{delta:+.1f} ({spread:.1f})")
+        else:
+            figures.append("(streams only)")
+        print(f"{configuration.name:<34} {figures[0]:>18} {figures[1]:>18}")
 
     requests = args.memory_requests or (2_000 if args.quick else 20_000)
     before, after = memory_growth(requests)

@@ -22,6 +22,12 @@ def test_overhead_benchmark_prints_every_figure() -> None:
     for workload in ("stream 16 chunks", "stream 256 chunks", "stream 1024 chunks", "async stream 256"):
         assert re.search(rf"^{workload}(\s+{NUMBER}){{5}}$", out, re.M), out
     assert re.search(rf"^non-streaming(\s+{NUMBER}){{4}}\s*$", out, re.M), out
+    # what a user can choose, each checked by the benchmark to have taken effect (spans, usage asked for)
+    delta = rf"{NUMBER} \({NUMBER}\)"
+    assert re.search(rf"^as shipped \(from 1\)\s+{delta}\s+{delta}$", out, re.M), out
+    assert re.search(rf"^spans sampled out \(ALWAYS_OFF\)\s+{delta}\s+{delta}$", out, re.M), out
+    for configuration in ("OTEL_LLM_STREAM_USAGE=false", "both"):
+        assert re.search(rf"^{configuration}\s+{delta}\s+\(streams only\)$", out, re.M), out
     for figure in ("chunk path \\(SDK -> caller\\)", "per chunk in total", "fixed per streamed request",
                    "non-streaming request"):
         assert re.search(rf"^{figure}: {NUMBER} us", out, re.M), out
