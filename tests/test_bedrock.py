@@ -4,6 +4,7 @@ every way a stream can finish, Bedrock's own latency beside ours, and error code
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import contextlib
 import gc
@@ -647,7 +648,8 @@ def test_clients_made_before_and_after_instrument_are_covered_and_uninstrument_i
         converse_once(server, before)
     assert len(captured.spans()) == 2
     assert [t.attribute for t in bedrock_adapter.PROVIDER.targets] == [
-        "BaseClient._make_api_call", "convert_to_response_dict", "Endpoint._needs_retry"]
+        "BaseClient._make_api_call", "convert_to_response_dict", "Endpoint._needs_retry",
+        "_BedrockRuntimeExtension.should_trace_service_call"]
 
 
 def test_other_services_and_operations_pass_through_untouched(otel: Captured) -> None:
@@ -658,6 +660,90 @@ def test_other_services_and_operations_pass_through_untouched(otel: Captured) ->
     assert models["modelSummaries"] == [] and counted["inputTokens"] == 7
     assert otel.spans() == []
     assert otel.points(sc.STABLE_NAMES.duration.name) == []
+
+
+@contextlib.contextmanager
+def botocore_instrumentation() -> Iterator[Captured]:
+    """OpenTelemetry's own botocore instrumentation (the real package), into exporters of its own."""
+    from opentelemetry.instrumentation.botocore import BotocoreInstrumentor
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter, reader = InMemorySpanExporter(), InMemoryMetricReader()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    BotocoreInstrumentor().instrument(tracer_provider=tracer_provider,
+                                      meter_provider=MeterProvider(metric_readers=[reader]))
+    try:
+        yield Captured(exporter, reader, tracer_provider)
+    finally:
+        BotocoreInstrumentor().uninstrument()
+
+
+def inference_and_other_calls(server: wire.LoopbackServer) -> None:
+    """Each bedrock-runtime operation we record, and one we do not."""
+    client = wb.client(server)
+    converse_once(server, client)
+    server.push(wb.stream_reply(wb.converse_stream(TOKENS, usage=USAGE)))
+    list(client.converse_stream(modelId=MODEL, messages=MESSAGES)["stream"])
+    server.push(wb.invoke_reply(CLAUDE.body(TOKENS, USAGE)))
+    client.invoke_model(modelId=MODEL, body=json.dumps(CLAUDE.request("Say hello")))
+    server.push(wb.stream_reply(wb.invoke_stream(CLAUDE.stream(TOKENS, USAGE), None)))
+    list(client.invoke_model_with_response_stream(modelId=MODEL, body=json.dumps(CLAUDE.request("Say hello")))["body"])
+    server.push(wire.Reply.json({"inputTokens": 7}))
+    client.count_tokens(modelId=MODEL, input={"converse": {"messages": MESSAGES}})
+
+
+def gen_ai_points(captured: Captured) -> list[str]:
+    return [name for name in captured.metrics() if name.startswith("gen_ai.")]
+
+
+@pytest.mark.parametrize("ours_first", [True, False], ids=["ours-first", "theirs-first"])
+def test_opentelemetrys_botocore_instrumentation_leaves_the_calls_we_record_to_us(
+        instrument: Instrument, monkeypatch: pytest.MonkeyPatch, ours_first: bool) -> None:
+    """Beside OpenTelemetry's botocore instrumentation (which opentelemetry-instrument loads after us) each inference
+    call is one span and one set of GenAI points, ours; it still traces every other call. Without us, it records
+    the inference calls again."""
+    # restored as it was at the end: a wrapper of ours left inside theirs would outlive the test
+    base = botocore.client.BaseClient
+    monkeypatch.setattr(base, "_make_api_call", vars(base)["_make_api_call"])
+    with contextlib.ExitStack() as stack:
+        captured = instrument() if ours_first else None
+        theirs = stack.enter_context(botocore_instrumentation())
+        captured = captured or instrument()
+        server = stack.enter_context(wire.LoopbackServer())
+        inference_and_other_calls(server)
+        assert [span.attributes[sc.OPERATION_NAME] for span in captured.spans()] == [sc.OP_CHAT] * 4
+        assert sum(point.count for point in captured.points(sc.STABLE_NAMES.duration.name)) == 4
+        assert [span.attributes["rpc.method"] for span in theirs.exporter.get_finished_spans()] == ["CountTokens"]
+        assert gen_ai_points(theirs) == []
+
+        otel_llm.uninstrument()
+        inference_and_other_calls(server)
+        assert len(captured.spans()) == 4
+        assert [span.attributes["rpc.method"] for span in theirs.exporter.get_finished_spans()] == [
+            "CountTokens", "Converse", "ConverseStream", "InvokeModel", "InvokeModelWithResponseStream", "CountTokens"]
+        assert gen_ai_points(theirs) != []
+
+
+def test_aiobotocore_calls_which_we_do_not_record_are_left_to_opentelemetrys_botocore_instrumentation(
+        instrument: Instrument) -> None:
+    """Its bedrock extension is asked from its coroutine for aiobotocore's calls: those it still traces."""
+    from opentelemetry.instrumentation.botocore.extensions.bedrock import _BedrockRuntimeExtension
+    from opentelemetry.instrumentation.botocore.extensions.types import _AwsSdkCallContext
+
+    instrument()
+    with wire.LoopbackServer() as server:
+        extension = _BedrockRuntimeExtension(_AwsSdkCallContext(wb.client(server), ("Converse", {})))
+
+    async def asked_by_aiobotocore() -> bool:
+        return extension.should_trace_service_call()
+
+    assert extension.should_trace_service_call() is False
+    assert asyncio.run(asked_by_aiobotocore()) is True
 
 
 def test_the_caller_gets_what_boto3_gives_without_us(instrument: Instrument) -> None:

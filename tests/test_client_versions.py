@@ -127,7 +127,10 @@ def test_instrument_patches_every_target_quietly(reports: Reports, client: Clien
     report = reports[client].result()
     assert report["instrument_warnings"] == []
     patched = {name: (target["present"], target["patched"]) for name, target in report["targets"].items()}
-    assert patched == {name: (True, True) for name in report["targets"]}
+    # every target in the client is there and patched; one in another instrumentation's module (OpenTelemetry's
+    # botocore instrumentation, which these venvs do not install) only where it is installed
+    assert patched == {name: (True, True) if present or not name.startswith("opentelemetry.instrumentation.")
+                       else (False, False) for name, (present, _) in patched.items()}
 
 
 @pytest.mark.parametrize("client", SUPPORTED, ids=lambda client: client.name)

@@ -12,10 +12,13 @@ Titan and Nova, Cohere (generate and chat), Mistral (completions and chat). Bedr
 
 from __future__ import annotations
 
+import inspect
 import io
 import json
+import sys
 import time
 from collections.abc import Callable, Mapping
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -654,6 +657,34 @@ def _api_call(telemetry: Telemetry) -> Wrapper:
     return wrapper
 
 
+def _leave_inference_to_us(telemetry: Telemetry) -> Wrapper:
+    """OpenTelemetry's botocore instrumentation records bedrock-runtime's inference calls as GenAI spans and metrics
+    too (its bedrock extension, under the same metric names, with buckets of its own): beside it every call would be
+    recorded twice. Its extension is asked, before it opens a span, whether to trace the call; for the operations
+    we record, while we are instrumented, the answer is no, whichever of the two wrapped botocore first. Every other
+    AWS call, bedrock-runtime's others included, it traces as before, and so aiobotocore's calls, which we do not
+    record: those ask from a coroutine."""
+
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        try:
+            if not telemetry.retired and instance._call_context.operation in _ENDPOINTS \
+                    and not _asked_from_coroutine(sys._getframe(1)):
+                return False
+        except Exception:
+            report_failure("botocore instrumentation")
+        return wrapped(*args, **kwargs)
+
+    return wrapper
+
+
+def _asked_from_coroutine(frame: FrameType | None) -> bool:
+    """Whether the code calling a wrapped method (past wrapt's own frames, which its C extension does not add) is
+    a coroutine."""
+    while frame is not None and str(frame.f_globals.get("__name__")).split(".")[0] == "wrapt":
+        frame = frame.f_back
+    return frame is not None and bool(frame.f_code.co_flags & inspect.CO_COROUTINE)
+
+
 def _response_arguments(http_response: Any, operation_model: Any, *args: Any, **kwargs: Any) -> Any:
     return operation_model
 
@@ -683,5 +714,8 @@ PROVIDER = Provider(
         # headers and retries: deeper in botocore, on behalf of the operation running in this context
         Target("botocore.endpoint", "convert_to_response_dict", hook(_response_arrived)),
         Target("botocore.endpoint", "Endpoint._needs_retry", hook(_attempted)),
+        # present only where opentelemetry-instrumentation-botocore is installed
+        Target("opentelemetry.instrumentation.botocore.extensions.bedrock",
+               "_BedrockRuntimeExtension.should_trace_service_call", _leave_inference_to_us),
     ),
 )
