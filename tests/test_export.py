@@ -270,6 +270,41 @@ class Instrumentor(BaseInstrumentor):
 """
 
 
+BEDROCK_APP = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {tests!r})
+    import wire, wire_bedrock as wb
+    messages = [{{"role": "user", "content": [{{"text": "hi"}}]}}]
+    with wire.LoopbackServer() as server:
+        client = wb.client(server)
+        server.push(wb.converse_reply(wb.converse_body("Hi", usage=wb.Tokens(input=3, output=1), latency_ms=5)))
+        print(client.converse(modelId="m", messages=messages)["output"]["message"]["content"][0]["text"])
+        server.push(wb.stream_reply(wb.converse_stream(["Hi", "!"], usage=wb.Tokens(input=3, output=2))))
+        print(len(list(client.converse_stream(modelId="m", messages=messages)["stream"])))
+        server.push(wire.Reply.json({{"inputTokens": 7}}))
+        print(client.count_tokens(modelId="m", input={{"converse": {{"messages": messages}}}})["inputTokens"])
+""")
+
+
+def test_zero_code_beside_opentelemetrys_botocore_instrumentation_records_bedrock_once(
+        receiver: Receiver, tmp_path: Path) -> None:
+    """opentelemetry-instrument loads OpenTelemetry's botocore instrumentation after us (opentelemetry-bootstrap
+    installs it beside boto3): Bedrock's inference calls are ours alone, one span and one series each; every other
+    call keeps its botocore span."""
+    app = tmp_path / "bedrock_app.py"
+    app.write_text(BEDROCK_APP.format(tests=str(Path(__file__).parent)))
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    environment.update(otlp_env(receiver))
+    result = subprocess.run([str(BIN / "opentelemetry-instrument"), sys.executable, str(app)], env=environment,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["Hi", "6", "7"]  # converse_stream: start, 2 deltas, block stop, stop, metadata
+    assert sorted(span.name for span in receiver.spans()) == ["Bedrock Runtime.CountTokens", "chat m", "chat m"]
+    gen_ai = {(sm.scope.name, metric.name) for request in receiver.metrics for rm in request.resource_metrics
+              for sm in rm.scope_metrics for metric in sm.metrics if metric.name.startswith("gen_ai.")}
+    assert gen_ai and {scope for scope, _ in gen_ai} == {sc.INSTRUMENTATION_SCOPE}, gen_ai
+
+
 @pytest.mark.parametrize("disabled", ["", "openai"], ids=["both-loaded", "other-disabled"])
 def test_zero_code_names_another_instrumentation_of_the_same_calls(receiver: Receiver, tmp_path: Path,
                                                                    disabled: str) -> None:
