@@ -729,9 +729,27 @@ def test_opentelemetrys_botocore_instrumentation_leaves_the_calls_we_record_to_u
         assert gen_ai_points(theirs) != []
 
 
+def test_when_their_uninstrument_takes_our_wrapper_off_the_calls_are_theirs_again(
+        instrument: Instrument, monkeypatch: pytest.MonkeyPatch) -> None:
+    """OpenTelemetry's uninstrument() takes off whichever wrapper is outermost: instrumented after it, ours. Its own
+    wrapper stays on botocore's path, so it records the inference calls again: once, never by nobody."""
+    from opentelemetry.instrumentation.botocore import BotocoreInstrumentor
+
+    base = botocore.client.BaseClient
+    monkeypatch.setattr(base, "_make_api_call", vars(base)["_make_api_call"])  # theirs would outlive the test
+    with botocore_instrumentation() as theirs, wire.LoopbackServer() as server:
+        captured = instrument()
+        BotocoreInstrumentor().uninstrument()
+        inference_and_other_calls(server)
+    assert captured.spans() == []
+    assert [span.attributes["rpc.method"] for span in theirs.exporter.get_finished_spans()] == [
+        "Converse", "ConverseStream", "InvokeModel", "InvokeModelWithResponseStream", "CountTokens"]
+
+
 def test_aiobotocore_calls_which_we_do_not_record_are_left_to_opentelemetrys_botocore_instrumentation(
         instrument: Instrument) -> None:
-    """Its bedrock extension is asked from its coroutine for aiobotocore's calls: those it still traces."""
+    """Were its aiobotocore path to ask its bedrock extension (0.66 has none for aiobotocore), it would ask from a
+    coroutine: those calls, which we do not record, it still traces."""
     from opentelemetry.instrumentation.botocore.extensions.bedrock import _BedrockRuntimeExtension
     from opentelemetry.instrumentation.botocore.extensions.types import _AwsSdkCallContext
 

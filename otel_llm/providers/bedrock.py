@@ -17,12 +17,14 @@ import io
 import json
 import sys
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import wrapt
+from botocore.client import BaseClient
 from botocore.exceptions import ClientError
 from botocore.response import StreamingBody
 
@@ -631,6 +633,10 @@ def _api_call_arguments(operation_name: str, api_params: dict[str, Any]) -> tupl
     return operation_name, api_params
 
 
+# the wrapper of BaseClient._make_api_call that each instrumentation round made, by its telemetry
+_API_CALL_WRAPPERS: weakref.WeakKeyDictionary[Telemetry, Wrapper] = weakref.WeakKeyDictionary()
+
+
 def _api_call(telemetry: Telemetry) -> Wrapper:
     """``BaseClient._make_api_call(operation_name, api_params)`` serves every AWS service: bedrock-runtime's inference
     operations go through the core as endpoints called with ``api_params``; everything else passes untouched."""
@@ -654,6 +660,7 @@ def _api_call(telemetry: Telemetry) -> Wrapper:
 
         return endpoint.deliver(response, call(send, instance, (), params))
 
+    _API_CALL_WRAPPERS[telemetry] = wrapper
     return wrapper
 
 
@@ -661,20 +668,33 @@ def _leave_inference_to_us(telemetry: Telemetry) -> Wrapper:
     """OpenTelemetry's botocore instrumentation records bedrock-runtime's inference calls as GenAI spans and metrics
     too (its bedrock extension, under the same metric names, with buckets of its own): beside it every call would be
     recorded twice. Its extension is asked, before it opens a span, whether to trace the call; for the operations
-    we record, while we are instrumented, the answer is no, whichever of the two wrapped botocore first. Every other
-    AWS call, bedrock-runtime's others included, it traces as before, and so aiobotocore's calls, which we do not
-    record: those ask from a coroutine."""
+    we record the answer is no while our wrapper is on botocore's path, whichever of the two wrapped botocore first.
+    Every other AWS call, bedrock-runtime's others included, it traces as before. So would it aiobotocore's calls,
+    which we do not record, should it ever ask about them (its 0.66 has no bedrock extension for aiobotocore): those
+    ask from a coroutine."""
 
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
             if not telemetry.retired and instance._call_context.operation in _ENDPOINTS \
-                    and not _asked_from_coroutine(sys._getframe(1)):
+                    and not _asked_from_coroutine(sys._getframe(1)) and _on_botocores_path(telemetry):
                 return False
         except Exception:
             report_failure("botocore instrumentation")
         return wrapped(*args, **kwargs)
 
     return wrapper
+
+
+def _on_botocores_path(telemetry: Telemetry) -> bool:
+    """Whether this round's wrapper is still on botocore's path: another library's uninstrument() may have taken it
+    off (OpenTelemetry's removes whichever wrapper is outermost), and then the call is theirs to record."""
+    mine = _API_CALL_WRAPPERS.get(telemetry)
+    method = vars(BaseClient).get("_make_api_call")
+    while isinstance(method, wrapt.FunctionWrapper):
+        if method._self_wrapper is mine:
+            return True
+        method = method.__wrapped__
+    return False
 
 
 def _asked_from_coroutine(frame: FrameType | None) -> bool:
