@@ -47,10 +47,11 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, Sampler
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, Sampler
 
 import otel_llm
 from otel_llm._calls import sync_call
+from otel_llm._export import sdk_enabled
 from otel_llm._operation import Operation
 from otel_llm._settings import STREAM_USAGE_ENV, Settings, load_settings
 from otel_llm._stream import StreamProxy
@@ -174,8 +175,9 @@ class Configuration:
     stream_usage: bool = True
 
 
-def _pipeline(sampler: Sampler | None = None,
+def _pipeline(sampler: Sampler = ALWAYS_ON,
               exporter: SpanExporter | None = None) -> tuple[TracerProvider, MeterProvider, InMemoryMetricReader]:
+    # the sampler given, never one OTEL_TRACES_SAMPLER names: as shipped, every span is recorded
     tracer_provider = TracerProvider(sampler=sampler)
     # a queue that does not fill up between the exporter thread's turns: dropping spans would be cheaper than ending
     tracer_provider.add_span_processor(BatchSpanProcessor(exporter or _DropSpans(), max_queue_size=1 << 20))
@@ -209,7 +211,7 @@ def side_by_side(workload: Workload,
     once (a few hundred ns)."""
     events, plain = _body(max(workload.chunks, 1))
     exporter = _DropSpans()
-    tracer_provider, meter_provider, reader = _pipeline(None if configuration.sampled else ALWAYS_OFF, exporter)
+    tracer_provider, meter_provider, reader = _pipeline(ALWAYS_ON if configuration.sampled else ALWAYS_OFF, exporter)
     usage_before = os.environ.get(STREAM_USAGE_ENV)
     os.environ[STREAM_USAGE_ENV] = str(configuration.stream_usage).lower()  # read by instrument()
     try:
@@ -422,7 +424,7 @@ def rss_bytes() -> int:
 def memory_growth(requests: int) -> tuple[int, int]:
     client = client_for(16)
     # spans exported (and dropped) as they end: a batch queue filling up would be counted as our growth
-    tracer_provider = TracerProvider()
+    tracer_provider = TracerProvider(sampler=ALWAYS_ON)
     tracer_provider.add_span_processor(SimpleSpanProcessor(_DropSpans()))
     otel_llm.instrument(tracer_provider=tracer_provider,
                         meter_provider=MeterProvider(metric_readers=[InMemoryMetricReader()]))
@@ -466,6 +468,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
     parser.add_argument("--memory-requests", type=int, default=None)
     args = parser.parse_args(argv)
+    if not sdk_enabled():
+        parser.error("OTEL_SDK_DISABLED is set: otel_llm then instruments nothing, so there is nothing to measure")
     scale = 10 if args.quick else 1
     repeat = 5 if args.quick else 30
     settings = load_settings()
