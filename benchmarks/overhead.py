@@ -208,7 +208,8 @@ def side_by_side(workload: Workload,
     Instrumentation stays installed; an uninstrumented request calls the client's own create() from under our patch,
     so the two kinds alternate request by request (which one goes first alternates too) and the machine's drift
     cancels out pair by pair. The uninstrumented request still passes our response-header hook, which steps aside at
-    once (a few hundred ns)."""
+    once (a few hundred ns). Instrumented under ``configuration``: its sampler and usage setting, checked afterwards
+    to have taken effect."""
     events, plain = _body(max(workload.chunks, 1))
     exporter = _DropSpans()
     tracer_provider, meter_provider, reader = _pipeline(ALWAYS_ON if configuration.sampled else ALWAYS_OFF, exporter)
