@@ -102,14 +102,19 @@ def launch(command: list[str], setup: str, env: dict[str, str], tmp_path: Path,
     """The app run to its end (``after`` its call), and the requests the LLM server got from it."""
     app = tmp_path / "app.py"
     app.write_text(APP.format(setup=setup, after=after))
+    with wire.LoopbackServer(openai_server(tokens=["Hi", "!"], usage=wire.Usage(input=3, output=2))) as llm:
+        result = run_to_end([*command, str(app)], {**env, "APP_BASE_URL": llm.base_url})
+        requests = llm.requests
+    return result, requests
+
+
+def run_to_end(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``command`` run to a clean exit with ``env`` over this environment less its OTEL_ variables."""
     environment = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
     environment.update(env)
-    with wire.LoopbackServer(openai_server(tokens=["Hi", "!"], usage=wire.Usage(input=3, output=2))) as llm:
-        environment["APP_BASE_URL"] = llm.base_url
-        result = subprocess.run([*command, str(app)], env=environment, capture_output=True, text=True, timeout=60)
-        requests = llm.requests
+    result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    return result, requests
+    return result
 
 
 def run_app(command: list[str], setup: str, env: dict[str, str], tmp_path: Path, after: str = "") -> str:
@@ -293,11 +298,7 @@ def test_zero_code_beside_opentelemetrys_botocore_instrumentation_records_bedroc
     call keeps its botocore span."""
     app = tmp_path / "bedrock_app.py"
     app.write_text(BEDROCK_APP.format(tests=str(Path(__file__).parent)))
-    environment = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
-    environment.update(otlp_env(receiver))
-    result = subprocess.run([str(BIN / "opentelemetry-instrument"), sys.executable, str(app)], env=environment,
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
+    result = run_to_end([str(BIN / "opentelemetry-instrument"), sys.executable, str(app)], otlp_env(receiver))
     assert result.stdout.split() == ["Hi", "6", "7"]  # converse_stream: start, 2 deltas, block stop, stop, metadata
     assert sorted(span.name for span in receiver.spans()) == ["Bedrock Runtime.CountTokens", "chat m", "chat m"]
     gen_ai = {(sm.scope.name, metric.name) for request in receiver.metrics for rm in request.resource_metrics
