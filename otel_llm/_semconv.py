@@ -44,6 +44,8 @@ SYSTEM_INSTRUCTIONS: Final = "gen_ai.system_instructions"
 SERVER_ADDRESS: Final = "server.address"
 SERVER_PORT: Final = "server.port"
 ERROR_TYPE: Final = "error.type"
+AWS_REQUEST_ID: Final = "aws.request_id"
+AWS_BEDROCK_GUARDRAIL_ID: Final = "aws.bedrock.guardrail.id"
 
 # ours
 PROMPT_SIZE: Final = "otel_llm.prompt.size"

@@ -48,6 +48,8 @@ PROMPT_CHARS = len("Be brief.") + len("Say hello")
 CLAUDE = wb.FORMAT["claude-messages"]
 LLAMA = wb.FORMAT["llama"]
 MS = 1e-3
+GUARDRAIL = "sgi5gkybzqak"
+GUARDRAIL_ARN = "arn:aws:bedrock:us-east-1:123456789012:guardrail/sgi5gkybzqak"
 
 
 @contextlib.contextmanager
@@ -158,7 +160,8 @@ def test_converse_is_one_span_with_usage_and_bedrocks_own_latency(otel: Captured
         result = client.converse(
             modelId=MODEL, system=SYSTEM, messages=MESSAGES,
             inferenceConfig={"maxTokens": 50, "temperature": 0.2, "topP": 0.9, "stopSequences": ["\n\n"]},
-            additionalModelRequestFields={"top_k": 40})
+            additionalModelRequestFields={"top_k": 40}, guardrailConfig={"guardrailIdentifier": GUARDRAIL,
+                                                                         "guardrailVersion": "1"})
     assert result["output"]["message"]["content"] == [{"text": "Hello world"}]
     request = server.requests[0]
     assert request.path == "/model/us.anthropic.claude-3-5-haiku-20241022-v1%3A0/converse"
@@ -183,6 +186,8 @@ def test_converse_is_one_span_with_usage_and_bedrocks_own_latency(otel: Captured
         sc.USAGE_CACHE_READ_INPUT_TOKENS: 4,
         sc.USAGE_CACHE_CREATION_INPUT_TOKENS: 2,
         sc.PROVIDER_LATENCY: 0.412,  # Bedrock's metrics.latencyMs, beside our own duration
+        sc.AWS_BEDROCK_GUARDRAIL_ID: GUARDRAIL,
+        sc.AWS_REQUEST_ID: wb.REQUEST_ID,  # the response's x-amzn-RequestId: what AWS support asks for
     }
     assert span.end_time is not None and span.start_time is not None
     assert 0 < headers_time <= (span.end_time - span.start_time) / 1e9
@@ -229,6 +234,7 @@ def test_converse_stream_is_one_span_with_ttft_usage_and_bedrocks_own_latency(ot
         sc.USAGE_CACHE_CREATION_INPUT_TOKENS: 2,
         sc.CONTENT_CHUNKS: 3,
         sc.PROVIDER_LATENCY: 0.09,  # from the metadata event
+        sc.AWS_REQUEST_ID: wb.REQUEST_ID,
     }
     # first content comes after the headers, messageStart and the first token's pause: messageStart is not a token.
     # (How closely these agree with the caller's own clock is test_ttft_gaps_and_duration_match_...'s subject.)
@@ -257,7 +263,8 @@ def test_converse_stream_is_one_span_with_ttft_usage_and_bedrocks_own_latency(ot
 def test_invoke_model_reads_the_body_and_bedrocks_headers(otel: Captured) -> None:
     body = CLAUDE.body(TOKENS, USAGE)
     with bedrock([wb.invoke_reply(body, wb.invocation_headers(USAGE, latency_ms=377))]) as (client, server):
-        response = client.invoke_model(modelId=MODEL, body=json.dumps(CLAUDE.request("Say hello")))
+        response = client.invoke_model(modelId=MODEL, body=json.dumps(CLAUDE.request("Say hello")),
+                                       guardrailIdentifier=GUARDRAIL_ARN, guardrailVersion="DRAFT")
         # the caller reads the body exactly as sent, from the StreamingBody it always got
         assert isinstance(response["body"], StreamingBody)
         assert response["body"].read() == wb.invoke_reply(body).body
@@ -280,6 +287,8 @@ def test_invoke_model_reads_the_body_and_bedrocks_headers(otel: Captured) -> Non
         sc.USAGE_CACHE_READ_INPUT_TOKENS: 4,
         sc.USAGE_CACHE_CREATION_INPUT_TOKENS: 2,
         sc.PROVIDER_LATENCY: 0.377,  # x-amzn-bedrock-invocation-latency
+        sc.AWS_BEDROCK_GUARDRAIL_ID: GUARDRAIL_ARN,  # as the caller named it
+        sc.AWS_REQUEST_ID: wb.REQUEST_ID,
     }
 
 
@@ -315,6 +324,7 @@ def test_invoke_model_stream_with_an_arn_model_id(otel: Captured) -> None:
         # amazon-bedrock-invocationMetrics of the last chunk
         sc.PROVIDER_LATENCY: 0.08,
         sc.PROVIDER_TIME_TO_FIRST_BYTE: 0.03,
+        sc.AWS_REQUEST_ID: wb.REQUEST_ID,
     }
 
 
@@ -584,7 +594,7 @@ def test_abandoned_stream_finishes_when_collected(otel: Captured, call: StreamCa
 
 
 def test_throttling_retries_stay_in_one_span_and_the_code_is_the_error_type(otel: Captured) -> None:
-    with bedrock([wb.throttled(), wb.throttled()], attempts=2) as (client, server):
+    with bedrock([wb.throttled("first-attempt"), wb.throttled("last-attempt")], attempts=2) as (client, server):
         with pytest.raises(client.exceptions.ThrottlingException) as raised:
             client.converse(modelId=MODEL, messages=MESSAGES)
         assert len(server.requests) == 2
@@ -594,17 +604,19 @@ def test_throttling_retries_stay_in_one_span_and_the_code_is_the_error_type(otel
     assert span.status.status_code is StatusCode.ERROR
     assert attrs[sc.ERROR_TYPE] == "ThrottlingException" and attrs[sc.ERROR_TYPE] in sc.RATE_LIMIT_ERROR_TYPES
     assert attrs[sc.RETRIES] == 1
+    assert attrs[sc.AWS_REQUEST_ID] == "last-attempt"  # the request id of the response the caller got
     assert otel.point(sc.STABLE_NAMES.duration.name).attributes[sc.ERROR_TYPE] == "ThrottlingException"
     assert raised.value.__cause__ is None  # botocore's own exception, not one of ours
 
 
 def test_a_retry_that_succeeds_is_one_ok_span(otel: Captured) -> None:
     body = wb.converse_body("Hi", usage=USAGE, latency_ms=5)
-    with bedrock([wb.throttled(), wb.converse_reply(body)], attempts=2) as (client, server):
+    with bedrock([wb.throttled("throttled"), wb.converse_reply(body, "answered")], attempts=2) as (client, server):
         client.converse(modelId=MODEL, messages=MESSAGES)
         assert len(server.requests) == 2
     attrs = attributes(otel.span())
     assert attrs[sc.RETRIES] == 1
+    assert attrs[sc.AWS_REQUEST_ID] == "answered"
     assert sc.ERROR_TYPE not in attrs
 
 

@@ -309,19 +309,19 @@ def invoke_reply(body: Json, headers: dict[str, str] | None = None) -> wire.Repl
                                             **(headers or {})})
 
 
-def converse_reply(body: Json) -> wire.Reply:
-    return wire.Reply(200, _compact(body), {"Content-Type": "application/json", "X-Amzn-RequestId": REQUEST_ID})
+def converse_reply(body: Json, request_id: str = REQUEST_ID) -> wire.Reply:
+    return wire.Reply(200, _compact(body), {"Content-Type": "application/json", "X-Amzn-RequestId": request_id})
 
 
-def error_reply(status: int, code: str, text: str) -> wire.Reply:
+def error_reply(status: int, code: str, text: str, request_id: str = REQUEST_ID) -> wire.Reply:
     """An error as Bedrock sends it: the code in `x-amzn-ErrorType`, the message in the JSON body."""
-    headers = {"Content-Type": "application/json", "X-Amzn-RequestId": REQUEST_ID,
+    headers = {"Content-Type": "application/json", "X-Amzn-RequestId": request_id,
                "X-Amzn-ErrorType": code + ERROR_TYPE_SUFFIX}
     return wire.Reply(status, _compact({"message": text}), headers)
 
 
-def throttled() -> wire.Reply:
-    return error_reply(429, "ThrottlingException", "Too many requests, please wait before trying again.")
+def throttled(request_id: str = REQUEST_ID) -> wire.Reply:
+    return error_reply(429, "ThrottlingException", "Too many requests, please wait before trying again.", request_id)
 
 
 def endpoint_url(server: wire.LoopbackServer) -> str:

@@ -65,6 +65,7 @@ _text_chars = text_counter("content", "text", "message", "toolResult")
 _TOKEN_HEADERS = ("x-amzn-bedrock-input-token-count", "x-amzn-bedrock-output-token-count",
                   "x-amzn-bedrock-cache-read-input-token-count", "x-amzn-bedrock-cache-write-input-token-count")
 _LATENCY_HEADER = "x-amzn-bedrock-invocation-latency"
+_REQUEST_ID_HEADERS = ("x-amzn-requestid", "x-amzn-request-id", "x-amz-request-id")
 _INVOCATION_METRICS = "amazon-bedrock-invocationMetrics"
 
 _clock = time.perf_counter_ns
@@ -499,6 +500,9 @@ class _Endpoint:
             prompt_chars=_text_chars(prompt) if prompt else None,
             attributes=_request_parameters(body),
         )
+        guardrail = self.guardrail(kwargs)
+        if isinstance(guardrail, str) and guardrail:
+            request.attributes[sc.AWS_BEDROCK_GUARDRAIL_ID] = guardrail
         if settings.capture_content.enabled:
             request.system_instructions = ct.safely(lambda: _parts(body.get("system", body.get("preamble"))) or None)
             request.input_messages = ct.safely(lambda: _input_messages(body))
@@ -509,6 +513,10 @@ class _Endpoint:
 
     def operation(self, model: str | None, body: Mapping[str, Any]) -> str:
         return sc.OP_CHAT
+
+    def guardrail(self, kwargs: Mapping[str, Any]) -> object:
+        """The guardrail applied to the call, as the caller named it (an id or an ARN)."""
+        return field(kwargs.get("guardrailConfig"), "guardrailIdentifier")
 
     def prepare(self, op: Operation, kwargs: dict[str, Any], settings: Settings) -> dict[str, Any]:
         if settings.capture_content.enabled and self.answers(kwargs):
@@ -574,6 +582,9 @@ class _ConverseStream(_StreamEndpoint):
 class _Invoke(_Endpoint):
     def request_body(self, kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
         return _request_body(kwargs)
+
+    def guardrail(self, kwargs: Mapping[str, Any]) -> object:
+        return kwargs.get("guardrailIdentifier")
 
     def operation(self, model: str | None, body: Mapping[str, Any]) -> str:
         if "messages" in body or "message" in body:
@@ -705,15 +716,23 @@ def _asked_from_coroutine(frame: FrameType | None) -> bool:
     return frame is not None and bool(frame.f_code.co_flags & inspect.CO_COROUTINE)
 
 
-def _response_arguments(http_response: Any, operation_model: Any, *args: Any, **kwargs: Any) -> Any:
-    return operation_model
+def _response_arguments(http_response: Any, operation_model: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+    return http_response, operation_model
 
 
 def _response_arrived(op: Operation, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """An HTTP response for the operation is in (botocore converts each twice, before and after parsing; the last
-    mark counts): for streams and invoke_model that is as the headers arrive, converse's small body comes with them."""
-    if _response_arguments(*args, **kwargs).service_model.service_name == _SERVICE:
-        op.headers_ns = op.last_activity_ns = _clock()
+    mark counts): for streams and invoke_model that is as the headers arrive, converse's small body comes with them.
+    Its request id is what AWS support asks for; of a call retried, the last attempt's."""
+    http_response, operation_model = _response_arguments(*args, **kwargs)
+    if operation_model.service_model.service_name != _SERVICE:
+        return
+    op.headers_ns = op.last_activity_ns = _clock()
+    for name in _REQUEST_ID_HEADERS:
+        request_id = http_response.headers.get(name)
+        if isinstance(request_id, str) and request_id:
+            op.attributes[sc.AWS_REQUEST_ID] = request_id
+            return
 
 
 def _retry_arguments(attempts: int, operation_model: Any, *args: Any, **kwargs: Any) -> tuple[int, Any]:
