@@ -81,7 +81,7 @@ def _sync_step(next_chunk: Callable[[], Any], observe: Observe, read_error: Read
 
 def _async_step(next_chunk: Callable[[], Awaitable[Any]], observe: Observe, read_error: ReadError, op: Operation,
                 telemetry: Telemetry) -> Callable[[], Awaitable[Any]]:
-    finish, clock, gaps = telemetry.finish, time.perf_counter_ns, _gaps(op)
+    finish, abandon, clock, gaps = telemetry.finish, telemetry.abandon, time.perf_counter_ns, _gaps(op)
 
     async def step() -> Any:
         while True:
@@ -89,6 +89,12 @@ def _async_step(next_chunk: Callable[[], Awaitable[Any]], observe: Observe, read
                 chunk = await next_chunk()
             except StopAsyncIteration:
                 finish(op)
+                raise
+            except GeneratorExit:
+                # this read was closed, not ended: its task destroyed while it waited (the garbage collector closes
+                # the coroutine) or the coroutine closed by hand. Nobody reads on, so the stream is abandoned where
+                # it was last seen active, not when the collector came by.
+                abandon(op)
                 raise
             except BaseException as exc:
                 _failed(op, exc, read_error, finish)

@@ -319,7 +319,7 @@ def test_uninstrument_leaves_no_thread_of_ours() -> None:
 def test_a_pending_read_closed_by_the_garbage_collector_is_written_later() -> None:
     """A task destroyed while it awaited the next chunk: the collector closes its coroutine (GeneratorExit) at an
     allocation anywhere, maybe where this thread holds an SDK lock; the operation is written at the next
-    collection."""
+    collection, abandoned where it was last seen active."""
     exporter, reader = InMemorySpanExporter(), InMemoryMetricReader()
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -358,11 +358,33 @@ def test_a_pending_read_closed_by_the_garbage_collector_is_written_later() -> No
     asyncio.run(read_on())
     data = reader.get_metrics_data()  # the next collection
     assert [dict(span.attributes or {}).get(sc.ERROR_TYPE) for span in exporter.get_finished_spans()] == [
-        "GeneratorExit"]
-    assert dict(exporter.get_finished_spans()[0].attributes or {})[sc.CONTENT_CHUNKS] == 0
+        sc.ERROR_ABANDONED]
+    span = exporter.get_finished_spans()[0]
+    assert dict(span.attributes or {})[sc.CONTENT_CHUNKS] == 0
+    assert span.end_time == span.start_time  # nothing happened after the request went out
+    assert span.events == ()  # no exception to report: the caller's task went away
     assert data is not None and any(metric.name == sc.STABLE_NAMES.duration.name
                                     for resource in data.resource_metrics for scope in resource.scope_metrics
                                     for metric in scope.metrics)
+
+
+def test_a_read_whose_task_went_away_is_abandoned_where_the_stream_was_last_active(otel: Captured) -> None:
+    """The real client's read, waiting on its socket for the next chunk, closed as the garbage collector closes the
+    coroutine of a destroyed task: abandoned at the first token, not when the read was closed."""
+    client, _ = async_client(server(delays=[0, 0, 5.0]))
+
+    async def main() -> None:
+        stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+        await stream.__anext__()  # the role chunk
+        await stream.__anext__()  # the first token
+        pending = stream.__anext__()
+        pending.send(None)  # waiting on the socket: the next chunk is 5 s away
+        await asyncio.sleep(0.05)
+        pending.close()
+        await stream.response.aclose()
+
+    asyncio.run(main())
+    otel.assert_abandoned_at_first_token()
 
 
 def test_a_with_block_closed_by_the_garbage_collector_is_written_later(otel: Captured) -> None:
