@@ -723,7 +723,7 @@ def _response_arguments(http_response: Any, operation_model: Any, *args: Any, **
 def _response_arrived(op: Operation, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """An HTTP response for the operation is in (botocore converts each twice, before and after parsing; the last
     mark counts): for streams and invoke_model that is as the headers arrive, converse's small body comes with them.
-    Its request id is what AWS support asks for; of a call retried, the last attempt's."""
+    Its request id is what AWS support asks for; of a call retried, the last response's."""
     http_response, operation_model = _response_arguments(*args, **kwargs)
     if operation_model.service_model.service_name != _SERVICE:
         return
