@@ -17,6 +17,9 @@ Three views, all in this thread's CPU time (other processes on a shared 2-core m
 3. End to end as in 1, under what a user can choose that changes our cost: spans sampled out (a sampler that
    records none, as a low trace ratio does for most requests), no usage asked for on streams
    (OTEL_LLM_STREAM_USAGE=false), and both. Each run checks that its configuration took effect.
+4. The floor, as in 1 but without otel_llm: the client's own requests against the same requests each inside one SDK
+   span (started with the five attributes that name a GenAI operation, ended once the response is read). The least
+   that any instrumentation recording a span adds here, before it measures or records anything.
 
 Telemetry goes to a real SDK pipeline: a TracerProvider with a BatchSpanProcessor (exporter dropping spans) and a
 MeterProvider with an in-memory reader. Our histogram values wait in a batch until a reader collects; the work of
@@ -35,19 +38,22 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx2
 import openai
+import wrapt
 from openai.resources.chat.completions.completions import AsyncCompletions, Completions
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, Sampler
+from opentelemetry.trace import SpanKind
+from opentelemetry.util.types import AttributeValue
 
 import otel_llm
 from otel_llm._calls import sync_call
@@ -73,12 +79,6 @@ class _DropSpans(SpanExporter):
     def export(self, spans: Sequence[Any]) -> SpanExportResult:
         self.dropped += len(spans)
         return SpanExportResult.SUCCESS
-
-
-@dataclass
-class Sample:
-    total_ns: int
-    chunk_path_ns: int  # first chunk -> last chunk reaching the caller
 
 
 def _body(chunks: int) -> tuple[list[bytes], bytes]:
@@ -128,34 +128,20 @@ def _async_handler(events: list[bytes], plain: bytes) -> Callable[[httpx2.Reques
     return handle
 
 
-def run_sync_stream(client: openai.OpenAI, create: Callable[..., Any] | None = None) -> Sample:
+def run_sync_stream(client: openai.OpenAI, create: Callable[..., Any] | None = None) -> None:
     """One streamed request read to its end; ``create`` defaults to the client's (instrumented or not)."""
-    create = create or client.chat.completions.create
-    start = _now()
-    first = last = 0
-    for _chunk in create(model="gpt-4o-mini", messages=MESSAGES, stream=True):
-        last = _now()
-        if not first:
-            first = last
-    return Sample(_now() - start, last - first)
+    for _chunk in (create or client.chat.completions.create)(model="gpt-4o-mini", messages=MESSAGES, stream=True):
+        pass
 
 
-def run_plain(client: openai.OpenAI, create: Callable[..., Any] | None = None) -> Sample:
-    create = create or client.chat.completions.create
-    start = _now()
-    create(model="gpt-4o-mini", messages=MESSAGES)
-    return Sample(_now() - start, 0)
+def run_plain(client: openai.OpenAI, create: Callable[..., Any] | None = None) -> None:
+    (create or client.chat.completions.create)(model="gpt-4o-mini", messages=MESSAGES)
 
 
-async def run_async_stream(client: openai.AsyncOpenAI, create: Callable[..., Any] | None = None) -> Sample:
-    create = create or client.chat.completions.create
-    start = _now()
-    first = last = 0
-    async for _chunk in await create(model="gpt-4o-mini", messages=MESSAGES, stream=True):
-        last = _now()
-        if not first:
-            first = last
-    return Sample(_now() - start, last - first)
+async def run_async_stream(client: openai.AsyncOpenAI, create: Callable[..., Any] | None = None) -> None:
+    async for _chunk in await (create or client.chat.completions.create)(model="gpt-4o-mini", messages=MESSAGES,
+                                                                          stream=True):
+        pass
 
 
 @dataclass
@@ -210,7 +196,6 @@ def side_by_side(workload: Workload,
     cancels out pair by pair. The uninstrumented request still passes our response-header hook, which steps aside at
     once (a few hundred ns). Instrumented under ``configuration``: its sampler and usage setting, checked afterwards
     to have taken effect."""
-    events, plain = _body(max(workload.chunks, 1))
     exporter = _DropSpans()
     tracer_provider, meter_provider, reader = _pipeline(ALWAYS_ON if configuration.sampled else ALWAYS_OFF, exporter)
     usage_before = os.environ.get(STREAM_USAGE_ENV)
@@ -223,58 +208,119 @@ def side_by_side(workload: Workload,
         else:
             os.environ[STREAM_USAGE_ENV] = usage_before
     try:
-        if workload.is_async:
-            aclient = openai.AsyncOpenAI(api_key="k", http_client=httpx2.AsyncClient(
-                transport=httpx2.MockTransport(_async_handler(events, plain))))
-            bare = functools.partial(AsyncCompletions.create.__wrapped__, aclient.chat.completions)
-
-            async def pairs_async(count: int) -> list[tuple[int, int]]:
-                found = []
-                for index in range(count):
-                    if index % 2:
-                        on = (await run_async_stream(aclient)).total_ns
-                        off = (await run_async_stream(aclient, bare)).total_ns
-                    else:
-                        off = (await run_async_stream(aclient, bare)).total_ns
-                        on = (await run_async_stream(aclient)).total_ns
-                    found.append((off, on))
-                return found
-
-            def pairs(count: int) -> list[tuple[int, int]]:
-                return asyncio.run(pairs_async(count))
-        else:
-            client = client_for(workload.chunks)
-            run = run_sync_stream if workload.chunks else run_plain
-            bare_create = functools.partial(Completions.create.__wrapped__, client.chat.completions)
-
-            def pairs(count: int) -> list[tuple[int, int]]:
-                found = []
-                for index in range(count):
-                    if index % 2:
-                        on = run(client).total_ns
-                        off = run(client, bare_create).total_ns
-                    else:
-                        off = run(client, bare_create).total_ns
-                        on = run(client).total_ns
-                    found.append((off, on))
-                return found
-
-        def collected_pairs(count: int) -> list[tuple[int, int]]:
-            """Pairs, each instrumented request with its share of the next collection's adding."""
-            found = []
-            for start in range(0, count, COLLECT_EVERY):
-                block = pairs(min(COLLECT_EVERY, count - start))
-                share = adding_ns(reader) // len(block)
-                found += [(off, on + share) for off, on in block]
-            return found
-
-        collected_pairs(max(10, workload.pairs // 10))  # warm caches and the client's pools
-        gc.collect()
-        measured = collected_pairs(max(10, workload.pairs))  # ten at least: the spread is over tenths
+        measured = _alternate(workload, lambda run, client, bare: run(client), lambda: adding_ns(reader))
     finally:
         otel_llm.uninstrument()
         tracer_provider.shutdown()
     _check(configuration, workload, exporter.dropped, reader)
+    return _summary(measured)
+
+
+def span_floor(workload: Workload) -> tuple[float, float, float, float]:
+    """As ``side_by_side``, with otel_llm not installed: the "on" request is the client's own, inside one SDK span
+    started with the five attributes that name a GenAI operation and ended after the response is read to its end.
+    The least any instrumentation that records a span adds here, before it measures or records anything."""
+    tracer_provider = _pipeline()[0]
+    tracer = tracer_provider.get_tracer("floor")
+    attributes: dict[str, AttributeValue] = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai",
+                                             "gen_ai.request.model": "gpt-4o-mini",
+                                             "server.address": "api.openai.com", "server.port": 443}
+
+    def in_a_span(run: Callable[..., Any], client: Any, bare: Callable[..., Any]) -> Any:
+        span = tracer.start_span("chat gpt-4o-mini", kind=SpanKind.CLIENT, attributes=attributes)
+        try:
+            return run(client, bare)
+        finally:
+            span.end()
+
+    async def in_a_span_async(run: Callable[..., Any], client: Any, bare: Callable[..., Any]) -> Any:
+        span = tracer.start_span("chat gpt-4o-mini", kind=SpanKind.CLIENT, attributes=attributes)
+        try:
+            return await run(client, bare)
+        finally:
+            span.end()
+
+    try:
+        return _summary(_alternate(workload, in_a_span_async if workload.is_async else in_a_span, lambda: 0))
+    finally:
+        tracer_provider.shutdown()
+
+
+def _alternate(workload: Workload, instrumented: Callable[[Callable[..., Any], Any, Callable[..., Any]], Any],
+               adding: Callable[[], int]) -> list[tuple[int, int]]:
+    """(off, on) CPU ns per pair, each timed around the whole request: the client's own create() against
+    ``instrumented(run, client, bare_create)``,
+    alternating request by request, each "on" with its share of ``adding`` (the next collection's work), run every
+    COLLECT_EVERY pairs; after a warm-up of a tenth as many."""
+    events, plain = _body(max(workload.chunks, 1))
+    if workload.is_async:
+        aclient = openai.AsyncOpenAI(api_key="k", http_client=httpx2.AsyncClient(
+            transport=httpx2.MockTransport(_async_handler(events, plain))))
+        abare = _own_create(AsyncCompletions, aclient.chat.completions)
+
+        async def timed_async(request: Awaitable[Any]) -> int:
+            start = _now()
+            await request
+            return _now() - start
+
+        async def pairs_async(count: int) -> list[tuple[int, int]]:
+            found = []
+            for index in range(count):
+                if index % 2:
+                    on = await timed_async(instrumented(run_async_stream, aclient, abare))
+                    off = await timed_async(run_async_stream(aclient, abare))
+                else:
+                    off = await timed_async(run_async_stream(aclient, abare))
+                    on = await timed_async(instrumented(run_async_stream, aclient, abare))
+                found.append((off, on))
+            return found
+
+        def pairs(count: int) -> list[tuple[int, int]]:
+            return asyncio.run(pairs_async(count))
+    else:
+        client = client_for(workload.chunks)
+        run = run_sync_stream if workload.chunks else run_plain
+        bare = _own_create(Completions, client.chat.completions)
+
+        def timed(request: Callable[[], Any]) -> int:
+            start = _now()
+            request()
+            return _now() - start
+
+        def pairs(count: int) -> list[tuple[int, int]]:
+            found = []
+            for index in range(count):
+                if index % 2:
+                    on = timed(lambda: instrumented(run, client, bare))
+                    off = timed(lambda: run(client, bare))
+                else:
+                    off = timed(lambda: run(client, bare))
+                    on = timed(lambda: instrumented(run, client, bare))
+                found.append((off, on))
+            return found
+
+    def collected_pairs(count: int) -> list[tuple[int, int]]:
+        found = []
+        for start in range(0, count, COLLECT_EVERY):
+            block = pairs(min(COLLECT_EVERY, count - start))
+            share = adding() // len(block)
+            found += [(off, on + share) for off, on in block]
+        return found
+
+    collected_pairs(max(10, workload.pairs // 10))  # warm caches and the client's pools
+    gc.collect()
+    return collected_pairs(max(10, workload.pairs))  # ten at least: the spread is over tenths
+
+
+def _own_create(resource_class: type, resource: Any) -> Callable[..., Any]:
+    """The client's own create(): from under our patch while otel_llm is installed."""
+    create = vars(resource_class)["create"]
+    if isinstance(create, wrapt.FunctionWrapper):
+        return functools.partial(create.__wrapped__, resource)
+    return resource.create  # type: ignore[no-any-return]
+
+
+def _summary(measured: list[tuple[int, int]]) -> tuple[float, float, float, float]:
     differences = [on - off for off, on in measured]
     tenths = [statistics.median(differences[start::10]) for start in range(10)]
     return (statistics.median(off for off, _ in measured) / 1e3, statistics.median(on for _, on in measured) / 1e3,
@@ -512,6 +558,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             figures.append("(streams only)")
         print(f"{configuration.name:<34} {figures[0]:>18} {figures[1]:>18}")
+
+    print("\n4. the floor, measured as in 1 without otel_llm: the client inside one SDK span (five attributes)")
+    print(f"{'workload':<34} {'off us/req':>11} {'on us/req':>11} {'+us/req':>9} {'moves':>8}")
+    for workload in (stream_16, plain_call):
+        off_us, on_us, delta, spread = span_floor(workload)
+        print(f"{'span alone, ' + workload.name:<34} {off_us:>11.1f} {on_us:>11.1f} {delta:>+9.1f} {spread:>8.1f}")
 
     requests = args.memory_requests or (2_000 if args.quick else 20_000)
     before, after = memory_growth(requests)

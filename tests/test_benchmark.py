@@ -28,6 +28,9 @@ def test_overhead_benchmark_prints_every_figure() -> None:
     assert re.search(rf"^spans sampled out \(ALWAYS_OFF\)\s+{delta}\s+{delta}$", out, re.M), out
     for configuration in ("OTEL_LLM_STREAM_USAGE=false", "both"):
         assert re.search(rf"^{configuration}\s+{delta}\s+\(streams only\)$", out, re.M), out
+    # the floor: the client inside one bare SDK span, otel_llm not installed
+    for workload in ("stream 16 chunks", "non-streaming"):
+        assert re.search(rf"^span alone, {workload}(\s+{NUMBER}){{4}}$", out, re.M), out
     for figure in ("chunk path \\(SDK -> caller\\)", "per chunk in total", "fixed per streamed request",
                    "non-streaming request"):
         assert re.search(rf"^{figure}: {NUMBER} us", out, re.M), out
