@@ -45,6 +45,12 @@ SERVER_ADDRESS: Final = "server.address"
 SERVER_PORT: Final = "server.port"
 ERROR_TYPE: Final = "error.type"
 AWS_REQUEST_ID: Final = "aws.request_id"
+# what the AWS SDK conventions put on the span of an SDK call
+RPC_SYSTEM: Final = "rpc.system"
+RPC_SERVICE: Final = "rpc.service"
+RPC_METHOD: Final = "rpc.method"
+CLOUD_REGION: Final = "cloud.region"
+RPC_SYSTEM_AWS_API: Final = "aws-api"
 AWS_BEDROCK_GUARDRAIL_ID: Final = "aws.bedrock.guardrail.id"
 
 # ours

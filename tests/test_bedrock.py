@@ -28,6 +28,7 @@ from botocore.exceptions import ClientError, EventStreamError
 from botocore.response import StreamingBody
 from conftest import Captured, Instrument, attributes
 from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import SpanKind, StatusCode
 from urllib3.exceptions import ProtocolError
@@ -62,6 +63,13 @@ def bedrock(replies: wire.ReplySource, *, attempts: int = 1) -> Iterator[tuple[A
 def identity(server: wire.LoopbackServer, model: str = MODEL, operation: str = sc.OP_CHAT) -> dict[str, Any]:
     return {sc.OPERATION_NAME: operation, sc.PROVIDER_NAME: sc.PROVIDER_AWS_BEDROCK, sc.REQUEST_MODEL: model,
             sc.SERVER_ADDRESS: "127.0.0.1", sc.SERVER_PORT: urlsplit(server.base_url).port}
+
+
+def sdk_call(method: str) -> dict[str, Any]:
+    """What the AWS SDK conventions put on the span of the call (as OpenTelemetry's botocore instrumentation does): the
+    region is the client's, though the endpoint (a loopback one here, a private one in a VPC) does not name it."""
+    return {sc.RPC_SYSTEM: "aws-api", sc.RPC_SERVICE: "Bedrock Runtime", sc.RPC_METHOD: method,
+            sc.CLOUD_REGION: wb.REGION}
 
 
 def payload(event: dict[str, Any]) -> dict[str, Any]:
@@ -187,6 +195,7 @@ def test_converse_is_one_span_with_usage_and_bedrocks_own_latency(otel: Captured
         sc.USAGE_CACHE_CREATION_INPUT_TOKENS: 2,
         sc.PROVIDER_LATENCY: 0.412,  # Bedrock's metrics.latencyMs, beside our own duration
         sc.AWS_BEDROCK_GUARDRAIL_ID: GUARDRAIL,
+        **sdk_call("Converse"),
         sc.AWS_REQUEST_ID: wb.REQUEST_ID,  # the response's x-amzn-RequestId: what AWS support asks for
     }
     assert span.end_time is not None and span.start_time is not None
@@ -234,6 +243,7 @@ def test_converse_stream_is_one_span_with_ttft_usage_and_bedrocks_own_latency(ot
         sc.USAGE_CACHE_CREATION_INPUT_TOKENS: 2,
         sc.CONTENT_CHUNKS: 3,
         sc.PROVIDER_LATENCY: 0.09,  # from the metadata event
+        **sdk_call("ConverseStream"),
         sc.AWS_REQUEST_ID: wb.REQUEST_ID,
     }
     # first content comes after the headers, messageStart and the first token's pause: messageStart is not a token.
@@ -288,6 +298,7 @@ def test_invoke_model_reads_the_body_and_bedrocks_headers(otel: Captured) -> Non
         sc.USAGE_CACHE_CREATION_INPUT_TOKENS: 2,
         sc.PROVIDER_LATENCY: 0.377,  # x-amzn-bedrock-invocation-latency
         sc.AWS_BEDROCK_GUARDRAIL_ID: GUARDRAIL_ARN,  # as the caller named it
+        **sdk_call("InvokeModel"),
         sc.AWS_REQUEST_ID: wb.REQUEST_ID,
     }
 
@@ -324,6 +335,7 @@ def test_invoke_model_stream_with_an_arn_model_id(otel: Captured) -> None:
         # amazon-bedrock-invocationMetrics of the last chunk
         sc.PROVIDER_LATENCY: 0.08,
         sc.PROVIDER_TIME_TO_FIRST_BYTE: 0.03,
+        **sdk_call("InvokeModelWithResponseStream"),
         sc.AWS_REQUEST_ID: wb.REQUEST_ID,
     }
 
@@ -736,9 +748,19 @@ def test_opentelemetrys_botocore_instrumentation_leaves_the_calls_we_record_to_u
         otel_llm.uninstrument()
         inference_and_other_calls(server)
         assert len(captured.spans()) == 4
-        assert [span.attributes["rpc.method"] for span in theirs.exporter.get_finished_spans()] == [
+        their_spans = theirs.exporter.get_finished_spans()
+        assert [span.attributes["rpc.method"] for span in their_spans] == [
             "CountTokens", "Converse", "ConverseStream", "InvokeModel", "InvokeModelWithResponseStream", "CountTokens"]
         assert gen_ai_points(theirs) != []
+        # what their span of a call carries of the AWS SDK conventions, ours carried
+        assert [aws_sdk_attributes(span) for span in captured.spans()] == [
+            aws_sdk_attributes(span) for span in their_spans[1:5]]
+
+
+def aws_sdk_attributes(span: ReadableSpan) -> dict[str, Any]:
+    keys = (sc.RPC_SYSTEM, sc.RPC_SERVICE, sc.RPC_METHOD, sc.CLOUD_REGION, sc.AWS_REQUEST_ID)
+    attrs = span.attributes or {}
+    return {key: attrs.get(key) for key in keys}
 
 
 def test_when_their_uninstrument_takes_our_wrapper_off_the_calls_are_theirs_again(

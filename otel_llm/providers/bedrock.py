@@ -171,6 +171,17 @@ def _server(client: Any) -> tuple[str | None, int | None]:
     return url.hostname, url.port or {"https": 443, "http": 80}.get(url.scheme)
 
 
+def _sdk_call(client: Any, method: str) -> dict[str, Any]:
+    """What the AWS SDK conventions put on an SDK call's span, as OpenTelemetry's botocore instrumentation does: our
+    span is that call's. The region is the client's, also where its endpoint is a private one that does not name it."""
+    attributes: dict[str, Any] = {sc.RPC_SYSTEM: sc.RPC_SYSTEM_AWS_API,
+                                  sc.RPC_SERVICE: str(client.meta.service_model.service_id), sc.RPC_METHOD: method}
+    region = client.meta.region_name
+    if isinstance(region, str) and region:
+        attributes[sc.CLOUD_REGION] = region
+    return attributes
+
+
 # --- response side: values every format shares -------------------------------------------------------------------
 
 
@@ -482,6 +493,7 @@ class _Endpoint:
     """One bedrock-runtime operation. ``receive`` runs inside the measured call, on botocore's result, and does
     I/O only: what it returns is what the core adopts; ``deliver`` builds the caller's result around that."""
 
+    method: str  # the API's name for it
     stream = False
 
     def describe(self, instance: Any, kwargs: dict[str, Any], settings: Settings) -> Request:
@@ -498,7 +510,7 @@ class _Endpoint:
             server_port=port,
             stream=self.stream,
             prompt_chars=_text_chars(prompt) if prompt else None,
-            attributes=_request_parameters(body),
+            attributes={**_request_parameters(body), **_sdk_call(instance, self.method)},
         )
         guardrail = self.guardrail(kwargs)
         if isinstance(guardrail, str) and guardrail:
@@ -553,6 +565,8 @@ class _Endpoint:
 
 
 class _Converse(_Endpoint):
+    method = "Converse"
+
     def read(self, op: Operation, result: Any) -> None:
         _read_converse(op, result)
         if op.output is not None:
@@ -571,6 +585,8 @@ class _StreamEndpoint(_Endpoint):
 
 
 class _ConverseStream(_StreamEndpoint):
+    method = "ConverseStream"
+
     def observe(self, op: Operation, chunk: Any) -> int:
         return _observe_converse_event(op, chunk)
 
@@ -598,6 +614,8 @@ class _Invoke(_Endpoint):
 
 
 class _InvokeModel(_Invoke):
+    method = "InvokeModel"
+
     def receive(self, response: dict[str, Any]) -> Any:
         # the body is the answer: read it within the call (its errors stay the caller's), hand over an equal one
         data = response["body"].read()
@@ -618,6 +636,7 @@ class _InvokeModel(_Invoke):
 
 
 class _InvokeModelStream(_Invoke, _StreamEndpoint):
+    method = "InvokeModelWithResponseStream"
     key = "body"
 
     def observe(self, op: Operation, chunk: Any) -> int:
@@ -633,10 +652,7 @@ class _InvokeModelStream(_Invoke, _StreamEndpoint):
 
 
 _ENDPOINTS: Mapping[str, _Endpoint] = {
-    "Converse": _Converse(),
-    "ConverseStream": _ConverseStream(),
-    "InvokeModel": _InvokeModel(),
-    "InvokeModelWithResponseStream": _InvokeModelStream(),
+    endpoint.method: endpoint for endpoint in (_Converse(), _ConverseStream(), _InvokeModel(), _InvokeModelStream())
 }
 
 
