@@ -50,7 +50,7 @@ from otel_llm import _semconv as sc
 from otel_llm._dashboards import main_dashboards
 from otel_llm._rules import main_rules
 from otel_llm._settings import load_settings
-from otel_llm.simulator import DEFAULT_MODEL, EngineConfig, Simulator, TruthSummary, percentile, summarize
+from otel_llm.simulator import DEFAULT_MODEL, EngineConfig, Quantiles, Simulator, TruthSummary, summarize
 
 # the openai client is an optional extra: _loadgen, which imports it, is imported by demo and bench only
 if TYPE_CHECKING:
@@ -418,8 +418,8 @@ class _Truth:
         """The records so far, which are then forgotten: the next level starts afresh."""
         records = sim.truth()
         sim.reset_truth()
-        durations = [(r.finished_ns - r.received_ns) / 1e9 for r in records if r.status == 200]
-        return cls(summarize(records), percentile(durations, 99) if durations else math.nan)
+        durations = Quantiles.of((r.finished_ns - r.received_ns) / 1e9 for r in records if r.status == 200)
+        return cls(summarize(records), durations.p99)
 
 
 @dataclass(frozen=True, slots=True)
@@ -556,7 +556,9 @@ def _demo(options: argparse.Namespace) -> int:
         print(f"otel-llm demo: the openai client, instrumented by otel_llm, against a simulated LLM server at "
               f"{sim.base_url} (seed {options.seed}).\n"
               "Left: what otel_llm's metrics say (bucket quantiles, as Prometheus computes them). Right: the "
-              "simulator's exact timings.\nTTFT = time to first token, TPOT = time per output token.", file=out)
+              "simulator's exact timings\n(the q-th percentile is the ceil(q*n)-th fastest request: the one in whose "
+              "bucket Prometheus's quantile falls).\nTTFT = time to first token, TPOT = time per output token.",
+              file=out)
 
         async def measure() -> None:
             async with make_client(sim.base_url, "sim", max(options.levels), 60.0) as client:

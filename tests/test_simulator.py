@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
 import datetime
 import json
 import logging
 import math
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -21,6 +23,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 from conftest import Captured, Instrument, attributes
 
+from otel_llm import _readout
 from otel_llm import _semconv as sc
 from otel_llm.simulator import DEFAULT_MODEL, EngineConfig, Quantiles, Simulator, TruthRecord, percentile, summarize
 
@@ -657,6 +660,37 @@ def test_percentile_interpolates_between_closest_ranks() -> None:
     with pytest.raises(ValueError):
         percentile([], 50)
     assert Quantiles.of([]).count == 0 and math.isnan(Quantiles.of([]).p99)
+
+
+def test_truth_quantiles_are_by_nearest_rank() -> None:
+    # of 16 requests with one slow, p95 and p99 are the slowest (interpolating between ranks would give a p95 a
+    # quarter of the way from the 15th)
+    sample = [0.02 + i / 1000 for i in range(15)] + [0.35]
+    quantiles = Quantiles.of(reversed(sample))
+    assert (quantiles.count, quantiles.p50, quantiles.p95, quantiles.p99) == (16, sample[7], 0.35, 0.35)
+    assert percentile(sample, 95) == pytest.approx(sample[14] + 0.25 * (0.35 - sample[14]))
+    assert Quantiles.of([7.0]) == Quantiles(1, 7.0, 7.0, 7.0)
+
+
+@pytest.mark.parametrize("size", [1, 2, 7, 16, 40, 100, 1000])
+def test_a_histogram_quantile_falls_in_the_bucket_of_the_truths(size: int) -> None:
+    """What the demo's two columns rest on: Prometheus's histogram_quantile over our buckets answers from the bucket
+    that holds the truth's value, for samples of any size (the gap is then at most one bucket)."""
+    bounds = sc.LATENCY_BUCKETS
+    draws = random.Random(size)
+    for _ in range(50):
+        sample = [draws.lognormvariate(math.log(0.3), 1.0) for _ in range(size)]
+        counts = [0] * (len(bounds) + 1)
+        for value in sample:
+            counts[bisect.bisect_left(bounds, value)] += 1
+        histogram = _readout.Buckets(tuple(bounds), tuple(counts), sum(sample))
+        truth = Quantiles.of(sample)
+        for q, exact in ((0.5, truth.p50), (0.95, truth.p95), (0.99, truth.p99)):
+            bucket = bisect.bisect_left(bounds, exact)
+            if bucket == len(bounds):
+                continue  # above the last bound, histogram_quantile answers with that bound
+            low = bounds[bucket - 1] if bucket else 0.0
+            assert low <= histogram.quantile(q) <= bounds[bucket], (size, q, exact)
 
 
 def test_truth_record_derives_ttft_tpot_and_gaps() -> None:
