@@ -40,6 +40,7 @@ JOB: Final = "job"
 PROVIDER: Final = prometheus_name(sc.PROVIDER_NAME)
 MODEL: Final = prometheus_name(sc.REQUEST_MODEL)
 ERROR_TYPE: Final = prometheus_name(sc.ERROR_TYPE)
+STREAM: Final = prometheus_name(sc.REQUEST_STREAM)
 # every alert is judged per service, provider and model; the recorded series carry exactly these labels
 GROUP_LABELS: Final = (JOB, PROVIDER, MODEL)
 _LEVEL: Final = "job_provider_model"
@@ -301,20 +302,38 @@ def _regression(
     )
 
 
+def _streams(function: str, window: str) -> str:
+    """Streamed requests, as the TTFT SLO counts them: each that got its first token, and each other that its caller
+    did not end. A stream that failed or timed out before its first token (the longest wait of all) is in the
+    duration histogram only; one its caller cancelled or dropped before then is the caller's choice."""
+    caller_ended = "|".join(CALLER_ENDED_ERROR_TYPES)
+    not_by_caller = sum_by(function, _duration_families(), "_count", window, by=GROUP_LABELS,
+                           matchers=f'{STREAM}="true", {ERROR_TYPE}!~"{caller_ended}"')
+    by_caller_after_a_token = sum_by(function, _ttft_families(), "_count", window, by=GROUP_LABELS,
+                                     matchers=f'{ERROR_TYPE}=~"{caller_ended}"')
+    # a sum of two vectors keeps only the groups both have
+    both = f"(\n{_indent(not_by_caller, 2)}\n  +\n{_indent(by_caller_after_a_token, 2)}\n)"
+    return f"{both}\nor\n{not_by_caller}\nor\n{by_caller_after_a_token}"
+
+
 def _slo_burn(config: RuleConfig) -> RuleGroup:
-    families = _ttft_families()
     threshold = number(config.slo_threshold)
     budget = number(config.error_budget)
     slow_ratio = f"{_LEVEL}:otel_llm_ttft_slow:ratio_rate"
-    requests = f"{_LEVEL}:otel_llm_ttft_requests:increase"
+    streams = f"{_LEVEL}:otel_llm_streams:"
+    requests = f"{streams}increase"
     windows = list(dict.fromkeys(w for pair in config.burn_windows for w in (pair.long, pair.short)))
     longs = list(dict.fromkeys(pair.long for pair in config.burn_windows))
     rules: list[Rule] = []
     for window in windows:
-        fast = sum_by("rate", families, "_bucket", window, by=GROUP_LABELS, matchers=le_matcher(config.slo_threshold))
-        every = sum_by("rate", families, "_count", window, by=GROUP_LABELS)
-        rules.append(_record(f"{slow_ratio}{window}", f"1 - (\n{_indent(fast, 2)}\n  /\n{_indent(every, 2)}\n)"))
-    rules.extend(_record(f"{requests}{window}", _increase(families, window)) for window in longs)
+        every = f"{streams}rate{window}"
+        fast = sum_by("rate", _ttft_families(), "_bucket", window, by=GROUP_LABELS,
+                      matchers=le_matcher(config.slo_threshold))
+        rules.append(_record(every, _streams("rate", window)))
+        # no stream of a group fast, or none with a first token at all: nothing fast, not nothing known
+        rules.append(_record(f"{slow_ratio}{window}", f"1 - (\n  (\n{_indent(fast, 4)}\n    or\n    {every} * 0\n  )\n"
+                                                      f"  /\n  {every}\n)"))
+    rules.extend(_record(f"{requests}{window}", _streams("increase", window)) for window in longs)
     pairs = [
         "\n".join(
             (

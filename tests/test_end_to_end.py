@@ -6,6 +6,7 @@ per-request TTFTs within the 10% that DESIGN.md sets for the buckets."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 from collections.abc import Iterator
@@ -24,11 +25,13 @@ from prometheus_client import CollectorRegistry
 from test_dashboards import VARIABLES, _substitute
 
 import otel_llm
+from otel_llm import _rules
 from otel_llm import _semconv as sc
 from otel_llm._dashboards import render_dashboards
 from otel_llm.simulator import DEFAULT_MODEL, EngineConfig, Simulator, percentile
 
 STREAMS = 1000
+RETIRED_MODEL = "retired-model"  # the simulator answers 404
 # a smooth, wide TTFT distribution: prompts from ~100 to ~40k characters, queueing beyond 24 slots, no rate limits
 ENGINE = EngineConfig(capacity=24, prefill_base_s=0.01, prefill_per_token_s=0.00005, tpot_base_s=0.002,
                       output_tokens_median=4, tail_probability=0.0, requests_per_minute=None, tokens_per_minute=None)
@@ -46,6 +49,10 @@ async def traffic(base_url: str, seed: int) -> None:
             messages = [{"role": "user", "content": prompt}]
             if index % 50 == 0:  # some plain calls and some streams the caller abandons early
                 await client.chat.completions.create(model=DEFAULT_MODEL, messages=messages, max_tokens=3)
+                continue
+            if index % 41 == 0:  # and some that fail before their first token
+                with contextlib.suppress(openai.NotFoundError):
+                    await client.chat.completions.create(model=RETIRED_MODEL, messages=messages, stream=True)
                 continue
             stream = await client.chat.completions.create(model=DEFAULT_MODEL, messages=messages, stream=True,
                                                           max_tokens=5 + index % 4)
@@ -148,3 +155,19 @@ def test_every_dashboard_query_returns_data_from_instrumented_traffic(
         if not server.query(_substitute(expr).replace(VARIABLES["$__rate_interval"], "10m")):
             empty.append(where)
     assert not empty
+
+
+def test_the_ttft_slo_counts_every_stream_but_those_their_caller_ended_before_a_first_token(
+        scraped: tuple[prom.Prometheus, list[ReadableSpan]]) -> None:
+    """The streams the SLO burn is a share of, read the way its rules read them (each counter at its latest, not a
+    rate): those that got a first token, and those that failed before one (404s here), which only the duration
+    histogram counts."""
+    server, spans = scraped
+    streams = [s.attributes for s in spans if s.attributes and s.attributes[sc.REQUEST_STREAM]]
+    failed_early = [a for a in streams if sc.RESPONSE_TIME_TO_FIRST_CHUNK not in a]
+    assert failed_early and all(a[sc.ERROR_TYPE] == "NotFoundError" for a in failed_early)
+    assert any(a.get(sc.ERROR_TYPE) == sc.ERROR_CANCELLED for a in streams)  # broken off after a first token
+    counted = {sample["metric"][sc.prometheus_name(sc.REQUEST_MODEL)]: float(sample["value"][1])
+               for sample in server.query(_rules._streams("max_over_time", "1h"))}
+    # the warm-up stream is in Prometheus, not among the spans kept
+    assert counted == {DEFAULT_MODEL: len(streams) - len(failed_early) + 1, RETIRED_MODEL: len(failed_early)}
