@@ -246,9 +246,9 @@ class _Traffic:
             for i in range(requests):
                 error = ("RateLimitError", "APITimeoutError", sc.ERROR_CANCELLED, None, None, None, None)[i % 7]
                 chars = (300, 3_000, 20_000)[i % 3]
-                attributes: dict[str, Any] = {sc.OPERATION_NAME: sc.OP_CHAT, sc.PROVIDER_NAME: sc.PROVIDER_OPENAI,
-                                              sc.REQUEST_MODEL: model, sc.RESPONSE_MODEL: model,
-                                              sc.SERVER_ADDRESS: "api.example", sc.SERVER_PORT: 443}
+                identity = {sc.OPERATION_NAME: sc.OP_CHAT, sc.PROVIDER_NAME: sc.PROVIDER_OPENAI,
+                            sc.REQUEST_MODEL: model, sc.SERVER_ADDRESS: "api.example", sc.SERVER_PORT: 443}
+                attributes: dict[str, Any] = identity | {sc.RESPONSE_MODEL: model}
                 if error:
                     attributes[sc.ERROR_TYPE] = error
                 timed = attributes | {sc.REQUEST_STREAM: i % 2 == 0, sc.PROMPT_SIZE: sc.prompt_size_class(chars)}
@@ -268,7 +268,8 @@ class _Traffic:
                     if token_type in self.counters:
                         self.counters[token_type].add(count, attributes)
                 for resource in (sc.RATE_LIMIT_REQUESTS, sc.RATE_LIMIT_TOKENS):
-                    headroom = attributes | {sc.RATE_LIMIT_RESOURCE: resource}
+                    # as otel_llm sets them: the endpoint and model, not one call's outcome
+                    headroom = identity | {sc.RATE_LIMIT_RESOURCE: resource}
                     self.remaining.set(500 - i, headroom)
                     self.limit.set(1000, headroom)
 
