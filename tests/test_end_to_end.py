@@ -171,3 +171,13 @@ def test_the_ttft_slo_counts_every_stream_but_those_their_caller_ended_before_a_
                for sample in server.query(_rules._streams("max_over_time", "1h"))}
     # the warm-up stream is in Prometheus, not among the spans kept
     assert counted == {DEFAULT_MODEL: len(streams) - len(failed_early) + 1, RETIRED_MODEL: len(failed_early)}
+
+
+def test_the_dashboards_slow_share_is_the_slos_a_model_whose_streams_all_failed_is_all_slow(
+        scraped: tuple[prom.Prometheus, list[ReadableSpan]]) -> None:
+    server, _ = scraped
+    target = dashboard_targets()["Share of streams slower than 2 s / {{gen_ai_request_model}}"]
+    shares = {sample["metric"][sc.prometheus_name(sc.REQUEST_MODEL)]: float(sample["value"][1]) for sample in
+              server.query(_substitute(target["expr"]).replace(VARIABLES["$__rate_interval"], "10m"))}
+    assert shares[RETIRED_MODEL] == 1.0  # no first token at all: not absent, all slow
+    assert 0.0 <= shares[DEFAULT_MODEL] < 0.5
