@@ -325,6 +325,33 @@ def test_audio_deltas_are_output(otel: Captured) -> None:
     assert 0.03 <= attrs[sc.RESPONSE_TIME_TO_FIRST_CHUNK] < 0.03 + 0.02
 
 
+def test_a_choice_without_a_delta_is_read_as_its_finish(otel: Captured) -> None:
+    """Some compatible servers finish with ``"delta": null``, and Azure's content-filter annotations carry no delta:
+    the finish reason is still the response's, and the caller stopping there cancelled nothing."""
+    def chunk(delta: dict[str, Any] | None, finish: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return wire.sse(wire._chat_chunk("chatcmpl-a", "gpt-4o-mini", [choice], {"usage": None}))
+
+    reply = wire.Reply.stream([chunk({"role": "assistant", "content": ""}), chunk({"content": "Hel"}),
+                               chunk({"content": "lo"}), chunk(None, "stop"), chunk(None), wire.DONE])
+    seen = []
+
+    def read_to_the_finish(client: Any) -> None:
+        with client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, stream=True,
+                                            stream_options={"include_usage": False}) as stream:
+            for item in stream:
+                seen.append(item.choices[0].finish_reason)
+                if item.choices[0].finish_reason:
+                    break
+
+    with wire.LoopbackServer([reply]) as server:
+        read_to_the_finish(openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0))
+    assert seen == [None, None, None, "stop"]
+    otel.assert_finished(None)
+    attrs = attributes(otel.span())
+    assert (attrs[sc.RESPONSE_FINISH_REASONS], attrs[sc.CONTENT_CHUNKS]) == (("stop",), 2)
+
+
 @pytest.mark.parametrize("streamed_reasoning", [False, True], ids=["hidden reasoning", "streamed reasoning"])
 def test_time_per_output_token_counts_the_tokens_that_were_streamed(otel: Captured, streamed_reasoning: bool) -> None:
     """OpenAI's reasoning models count reasoning tokens they never stream in the output tokens; compatible servers

@@ -571,6 +571,9 @@ class _ChatCompletions(_Endpoint):
         for choice in chunk.choices:
             delta = choice.delta
             found = op.output.choice(choice.index)
+            if delta is None:
+                found.finish(choice.finish_reason)
+                continue
             _gather_extras(found, delta)
             if delta.content:
                 found.text(delta.content)
@@ -591,8 +594,10 @@ class _ChatCompletions(_Endpoint):
             op.response_id, op.response_model = chunk.id, chunk.model
         kind = OTHER
         for choice in choices:
-            delta = choice.delta
-            if delta.content or delta.tool_calls or delta.refusal or delta.function_call:
+            delta = choice.delta  # None in some servers' finishing chunks and Azure's content-filter annotations
+            if delta is None:
+                pass
+            elif delta.content or delta.tool_calls or delta.refusal or delta.function_call:
                 kind = CONTENT  # the finish that makes a chunk DONE comes after its content
             elif delta.model_extra and (delta.model_extra.get("reasoning_content")
                                         or delta.model_extra.get("reasoning")):
