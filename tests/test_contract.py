@@ -97,9 +97,9 @@ def test_our_failure_on_an_odd_chunk_is_swallowed_and_logged_once(
     monkeypatch.setattr(_safety, "strict", False)
     monkeypatch.setattr(_safety, "_reported", set())
     events = wire.chat_stream(TOKENS)
-    # a chunk whose choice has no delta at all: the SDK passes it on, our chunk reader cannot read it
+    # a chunk whose choice's delta is a string: the SDK passes it on unvalidated, our chunk reader cannot read it
     odd = {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m",
-           "choices": [{"index": 0, "delta": None, "finish_reason": None}]}
+           "choices": [{"index": 0, "delta": "not an object", "finish_reason": None}]}
     events.insert(1, wire.sse(odd))
     events.insert(2, wire.sse(odd))
     client, _ = sync_client([wire.Reply.stream(events)])
