@@ -68,8 +68,6 @@ RATE_LIMIT_LIMIT: Final = _source((_S.rate_limit_limit, ""), (_X.rate_limit_limi
 
 FAILED: Final = f'{ERROR_TYPE}!~"{"|".join(("", *_rules.CALLER_ENDED_ERROR_TYPES))}"'
 FAILED_ANY: Final = f'{ERROR_TYPE}!=""'
-CALLER_ENDED: Final = f'{ERROR_TYPE}=~"{"|".join(_rules.CALLER_ENDED_ERROR_TYPES)}"'
-NOT_CALLER_ENDED: Final = f'{ERROR_TYPE}!~"{"|".join(_rules.CALLER_ENDED_ERROR_TYPES)}"'
 RATE_LIMITED: Final = f'{ERROR_TYPE}=~"{"|".join(_rules.RATE_LIMIT_ERROR_TYPES)}"'
 
 
@@ -120,8 +118,9 @@ def mean(source: Source, by: Sequence[str] = (), window: str = RATE) -> str:
 def streams(by: Sequence[str] = (), window: str = RATE) -> str:
     """Streamed requests as the TTFT SLO counts them (the alert rules' ``_streams``): those with a first token, and
     those that failed before one (in the duration histogram only); not those their caller ended before one."""
-    not_by_caller = total(DURATION, "_count", by, extra=f'{STREAM}="true", {NOT_CALLER_ENDED}', window=window)
-    by_caller_after_a_token = total(TTFT, "_count", by, extra=CALLER_ENDED, window=window)
+    not_by_caller = total(DURATION, "_count", by, extra=f'{STREAM}="true", {_rules.NOT_CALLER_ENDED}',
+                          window=window)
+    by_caller_after_a_token = total(TTFT, "_count", by, extra=_rules.CALLER_ENDED, window=window)
     return f"(({not_by_caller} + {by_caller_after_a_token}) or {not_by_caller} or {by_caller_after_a_token})"
 
 

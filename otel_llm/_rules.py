@@ -41,6 +41,9 @@ PROVIDER: Final = prometheus_name(sc.PROVIDER_NAME)
 MODEL: Final = prometheus_name(sc.REQUEST_MODEL)
 ERROR_TYPE: Final = prometheus_name(sc.ERROR_TYPE)
 STREAM: Final = prometheus_name(sc.REQUEST_STREAM)
+# streams the caller ended (cancelled, dropped) and every other operation, for the SLO's streams here and in dashboards
+CALLER_ENDED: Final = f'{ERROR_TYPE}=~"{"|".join(CALLER_ENDED_ERROR_TYPES)}"'
+NOT_CALLER_ENDED: Final = f'{ERROR_TYPE}!~"{"|".join(CALLER_ENDED_ERROR_TYPES)}"'
 # every alert is judged per service, provider and model; the recorded series carry exactly these labels
 GROUP_LABELS: Final = (JOB, PROVIDER, MODEL)
 _LEVEL: Final = "job_provider_model"
@@ -306,11 +309,10 @@ def _streams(function: str, window: str) -> str:
     """Streamed requests, as the TTFT SLO counts them: each that got its first token, and each other that its caller
     did not end. A stream that failed or timed out before its first token (the longest wait of all) is in the
     duration histogram only; one its caller cancelled or dropped before then is the caller's choice."""
-    caller_ended = "|".join(CALLER_ENDED_ERROR_TYPES)
     not_by_caller = sum_by(function, _duration_families(), "_count", window, by=GROUP_LABELS,
-                           matchers=f'{STREAM}="true", {ERROR_TYPE}!~"{caller_ended}"')
+                           matchers=f'{STREAM}="true", {NOT_CALLER_ENDED}')
     by_caller_after_a_token = sum_by(function, _ttft_families(), "_count", window, by=GROUP_LABELS,
-                                     matchers=f'{ERROR_TYPE}=~"{caller_ended}"')
+                                     matchers=CALLER_ENDED)
     # a sum of two vectors keeps only the groups both have
     both = f"(\n{_indent(not_by_caller, 2)}\n  +\n{_indent(by_caller_after_a_token, 2)}\n)"
     return f"{both}\nor\n{not_by_caller}\nor\n{by_caller_after_a_token}"
