@@ -27,10 +27,9 @@ _current: ContextVar[Operation | None] = ContextVar("otel_llm_operation", defaul
 
 
 class Kind(enum.Enum):
-    COMPLETE = "complete"  # the final object: read it and finish
+    COMPLETE = "complete"  # the final object, or a raw response whose body is in: read it and finish
     STREAM = "stream"
     ASYNC_STREAM = "async_stream"
-    RAW_READ = "raw_read"  # a raw HTTP response whose body is in: parse it (the SDK caches that) and finish
     RESPONSE = "response"  # a raw/streaming response whose parse()/close() come later
     ASYNC_RESPONSE = "async_response"
 
@@ -51,7 +50,9 @@ class Endpoint(Protocol):
 
     def kind(self, op: Operation, result: Any) -> Kind: ...
 
-    def read(self, op: Operation, result: Any) -> None: ...
+    def read(self, op: Operation, result: Any) -> None:
+        """A Kind.COMPLETE result: the final object, or a raw response whose body is in."""
+        ...
 
     def read_error(self, op: Operation, error: BaseException) -> None:
         """What an exception of the call, or of its stream, tells: headers of the response, a better error.type."""
@@ -303,13 +304,10 @@ def _adopt(telemetry: Telemetry, endpoint: Endpoint, op: Operation, result: Any,
             return _adopt(telemetry, endpoint, op, parsed, is_async=is_async)
 
         if kind is Kind.RESPONSE:
-            return ResponseProxy(result, op, telemetry, adopt_parsed)
+            return ResponseProxy(result, op, telemetry, adopt_parsed, endpoint.read_error)
         if kind is Kind.ASYNC_RESPONSE:
-            return AsyncResponseProxy(result, op, telemetry, adopt_parsed)
-        if kind is Kind.RAW_READ:
-            endpoint.read(op, result.parse())
-        else:
-            endpoint.read(op, result)
+            return AsyncResponseProxy(result, op, telemetry, adopt_parsed, endpoint.read_error)
+        endpoint.read(op, result)
     except Exception:
         report_failure("response")
     telemetry.finish(op)

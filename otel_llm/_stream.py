@@ -250,11 +250,13 @@ def closed_by_helper(raw_stream: object) -> None:
 
 
 class _ResponseLifecycle(wrapt.ObjectProxy[Any]):
-    def __init__(self, wrapped: Any, op: Operation, telemetry: Telemetry, adopt: Adopt) -> None:
+    def __init__(self, wrapped: Any, op: Operation, telemetry: Telemetry, adopt: Adopt,
+                 read_error: ReadError) -> None:
         super().__init__(wrapped)
         self._self_op = op
         self._self_telemetry = telemetry
         self._self_adopt = adopt
+        self._self_read_error = read_error
         self._self_parsed: tuple[Any, Any] | None = None
 
     def _self_hand_out(self, parsed: Any) -> Any:
@@ -270,6 +272,10 @@ class _ResponseLifecycle(wrapt.ObjectProxy[Any]):
         return handed
 
     def _self_fail(self, exc: BaseException) -> None:
+        try:
+            self._self_read_error(self._self_op, exc)
+        except Exception:
+            report_failure("parse error")
         self._self_telemetry.finish(self._self_op, exc)
 
     def _self_released(self) -> None:

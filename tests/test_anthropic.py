@@ -13,6 +13,7 @@ from typing import Any
 
 import anthropic
 import httpx2
+import pydantic
 import pytest
 import wire
 import wire_anthropic as wa
@@ -581,6 +582,29 @@ def test_async_streaming_response_plain(otel: Captured) -> None:
     assert asyncio.run(main()) == "Hi"
     otel.assert_finished(None)
     assert attributes(otel.span())[sc.USAGE_OUTPUT_TOKENS] == 3
+
+
+class Answer(pydantic.BaseModel):
+    city: str
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_a_raw_structured_answer_the_parser_refuses_is_read_as_sent(otel: Captured, is_async: bool) -> None:
+    """beta.messages.with_raw_response returns before the output_format parser runs: the call succeeded, and the span
+    reads the message as the server sent it. The parser's refusal is the caller's to meet, when it parses."""
+    cut = wa.json_reply(wa.message_body('{"city": "Par', usage=USAGE, stop_reason="max_tokens"))
+    if is_async:
+        client, _ = async_client([cut])
+        raw = asyncio.run(client.beta.messages.with_raw_response.parse(**REQUEST, output_format=Answer))
+    else:
+        client, _ = sync_client([cut])
+        raw = client.beta.messages.with_raw_response.parse(**REQUEST, output_format=Answer)
+    otel.assert_finished(None)
+    attrs = attributes(otel.span())
+    assert attrs[sc.USAGE_OUTPUT_TOKENS] == 3 and attrs[sc.RESPONSE_FINISH_REASONS] == ("max_tokens",)
+    with pytest.raises(pydantic.ValidationError):
+        raw.parse() if not is_async else asyncio.run(raw.parse())
+    assert len(otel.spans()) == 1
 
 
 def test_messages_parse_is_an_operation(otel: Captured) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx2
 import openai
+import pydantic
 import pytest
 import wire
 from conftest import API_KEY, Captured, async_client, attributes, openai_server, sync_client
@@ -50,6 +51,73 @@ def test_raw_response_stream_parse_gives_our_stream(otel: Captured) -> None:
     attrs = attributes(otel.span())
     assert attrs[sc.CONTENT_CHUNKS] == 3
     assert attrs[sc.USAGE_OUTPUT_TOKENS] == 3
+
+
+class Answer(pydantic.BaseModel):
+    city: str
+
+
+CUT_ANSWER = '{"city": "Par'  # structured output the length limit cut off: the client's parser refuses it
+
+
+def _cut_reply(endpoint: str) -> wire.Reply:
+    if endpoint == "chat":
+        return wire.Reply.json(wire.chat_completion_body(CUT_ANSWER, usage=USAGE, finish_reason="length"))
+    return wire.Reply.json(wire.response_body(CUT_ANSWER, usage=USAGE))
+
+
+def _parse_raw(client: Any, endpoint: str) -> Any:
+    if endpoint == "chat":
+        return client.chat.completions.with_raw_response.parse(model="m", messages=MESSAGES, response_format=Answer)
+    return client.responses.with_raw_response.parse(model="m", input="hello", text_format=Answer)
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "responses"])
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_a_raw_structured_answer_the_parser_refuses_is_read_as_sent(otel: Captured, endpoint: str,
+                                                                     is_async: bool) -> None:
+    """with_raw_response returns before the client's structured-output parser runs: the call succeeded, and the
+    span reads the answer as the server sent it. The parser's refusal is the caller's to meet, when it parses."""
+    if is_async:
+        client, _ = async_client([_cut_reply(endpoint)])
+        raw = asyncio.run(_parse_raw(client, endpoint))
+    else:
+        client, _ = sync_client([_cut_reply(endpoint)])
+        raw = _parse_raw(client, endpoint)
+    otel.assert_finished(None)
+    attrs = attributes(otel.span())
+    assert attrs[sc.USAGE_OUTPUT_TOKENS] == 3 and attrs[sc.USAGE_INPUT_TOKENS] == 9
+    assert attrs[sc.RESPONSE_ID] == ("chatcmpl-abc" if endpoint == "chat" else "resp_abc")
+    if endpoint == "chat":
+        assert attrs[sc.RESPONSE_FINISH_REASONS] == ("length",)
+    refused = openai.LengthFinishReasonError if endpoint == "chat" else pydantic.ValidationError
+    with pytest.raises(refused):
+        raw.parse()
+    assert len(otel.spans()) == 1
+
+
+def test_a_structured_answer_cut_at_the_length_limit_fails_the_call_and_keeps_its_usage(otel: Captured) -> None:
+    """The client raises from parse() itself: that is the call's error, and the completion it carries is read."""
+    client, _ = sync_client([_cut_reply("chat")])
+    with pytest.raises(openai.LengthFinishReasonError):
+        client.chat.completions.parse(model="m", messages=MESSAGES, response_format=Answer)
+    otel.assert_finished("LengthFinishReasonError")
+    attrs = attributes(otel.span())
+    assert attrs[sc.USAGE_OUTPUT_TOKENS] == 3
+    assert attrs[sc.RESPONSE_FINISH_REASONS] == ("length",)
+    assert attrs[sc.RESPONSE_ID] == "chatcmpl-abc"
+
+
+def test_a_streaming_response_whose_structured_answer_is_cut_fails_at_parse_and_keeps_its_usage(
+        otel: Captured) -> None:
+    client, _ = sync_client([_cut_reply("chat")])
+    with (client.chat.completions.with_streaming_response.parse(model="m", messages=MESSAGES,
+                                                                response_format=Answer) as response,
+          pytest.raises(openai.LengthFinishReasonError)):
+        response.parse()
+    otel.assert_finished("LengthFinishReasonError")
+    attrs = attributes(otel.span())
+    assert attrs[sc.USAGE_OUTPUT_TOKENS] == 3 and attrs[sc.RESPONSE_FINISH_REASONS] == ("length",)
 
 
 def _raw_lines(resource: Any, **kwargs: Any) -> list[str]:

@@ -1,9 +1,11 @@
 """What the Stainless-generated clients (openai, anthropic) share: their base client hands every HTTP response to
 ``_process_response`` and every retry to ``_sleep_for_retry``, where response headers (rate-limit headroom,
-retry-after) and retries are seen on behalf of the operation running in this context."""
+retry-after) and retries are seen on behalf of the operation running in this context; and their raw responses,
+whose body is parsed the same way."""
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Sequence
 from operator import itemgetter
@@ -14,6 +16,16 @@ from otel_llm._patching import Target
 
 if TYPE_CHECKING:
     from otel_llm._operation import Operation
+
+
+def parsed_body(response: Any) -> Any:
+    """The object a raw response's body (read in already) stands for, before the post-parser a client's ``parse()``
+    method adds for structured output: that one raises on an answer cut off or malformed, which is the caller's to
+    meet when it parses (the call itself succeeded). Without a post-parser, the response's own ``parse()``, which the
+    client caches for the caller; when that is a coroutine (an async response), the synchronous step under it."""
+    if callable(getattr(response._options, "post_parser", None)) or inspect.iscoroutinefunction(response.parse):
+        return response._parse()
+    return response.parse()
 
 
 def _number(raw: bytes) -> float | None:

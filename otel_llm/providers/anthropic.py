@@ -46,7 +46,7 @@ from otel_llm._patching import Provider, Target
 from otel_llm._safety import report_failure
 from otel_llm._stream import CONTENT, DONE, OTHER
 from otel_llm.providers import _claude
-from otel_llm.providers._stainless import ResponseHeaders
+from otel_llm.providers._stainless import ResponseHeaders, parsed_body
 from otel_llm.providers._values import count, field, text_counter
 
 try:  # the SDK's table of exception classes by (status, error code), which names a stream's error events
@@ -187,16 +187,14 @@ class _Messages:
             return Kind.ASYNC_STREAM
         if isinstance(result, (APIResponse, AsyncAPIResponse)):
             # with_raw_response has read a plain body before it returns; with_streaming_response and streams have not
-            read = result.http_response.is_closed and not op.request.stream
-            if isinstance(result, AsyncAPIResponse):
-                return Kind.COMPLETE if read else Kind.ASYNC_RESPONSE
-            return Kind.RAW_READ if read else Kind.RESPONSE
+            if result.http_response.is_closed and not op.request.stream:
+                return Kind.COMPLETE
+            return Kind.ASYNC_RESPONSE if isinstance(result, AsyncAPIResponse) else Kind.RESPONSE
         return Kind.COMPLETE
 
     def read(self, op: Operation, result: Any) -> None:
-        if isinstance(result, AsyncAPIResponse):
-            # the body is in, but parse() is a coroutine here: the SDK's own synchronous step makes the Message
-            result = result._parse()
+        if isinstance(result, (APIResponse, AsyncAPIResponse)):
+            result = parsed_body(result)
         op.response_id = result.id
         op.response_model = result.model
         if result.stop_reason:

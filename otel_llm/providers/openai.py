@@ -26,7 +26,7 @@ from otel_llm._operation import Request
 from otel_llm._patching import Provider, Target
 from otel_llm._safety import report_failure
 from otel_llm._stream import CONTENT, DONE, HIDDEN, OTHER, closed_by_helper
-from otel_llm.providers._stainless import ResponseHeaders
+from otel_llm.providers._stainless import ResponseHeaders, parsed_body
 from otel_llm.providers._values import count, field, number, text_counter
 
 if TYPE_CHECKING:
@@ -49,6 +49,8 @@ _HEADERS = ResponseHeaders((
 # (address, port) of servers that refused stream_options: asked for usage no more
 _NO_STREAM_OPTIONS: set[tuple[str | None, int | None]] = set()
 _MAX_REMEMBERED_SERVERS = 1024
+
+_REFUSED_ANSWER = (openai.LengthFinishReasonError, openai.ContentFilterFinishReasonError)
 
 # Responses API stream events that carry output: the first of them is the first token
 _RESPONSES_CONTENT_EVENTS = frozenset({
@@ -518,8 +520,8 @@ class _Endpoint:
             if op.hide_usage_chunk:
                 op.usage_lift = _UsageLift.for_stream(result)
             return Kind.STREAM if isinstance(result, Stream) else Kind.ASYNC_STREAM
-        if isinstance(result, LegacyAPIResponse):
-            return Kind.RESPONSE if op.request.stream else Kind.RAW_READ
+        if isinstance(result, LegacyAPIResponse):  # with_raw_response: a plain body is in before it returns
+            return Kind.RESPONSE if op.request.stream else Kind.COMPLETE
         if isinstance(result, AsyncAPIResponse):
             return Kind.ASYNC_RESPONSE
         if isinstance(result, APIResponse):
@@ -527,6 +529,10 @@ class _Endpoint:
         return Kind.COMPLETE
 
     def read(self, op: Operation, result: Any) -> None:
+        self.read_final(op, parsed_body(result) if isinstance(result, LegacyAPIResponse) else result)
+
+    def read_final(self, op: Operation, result: Any) -> None:
+        """The endpoint's final object: a completion, a response, embeddings."""
         raise NotImplementedError
 
     def read_error(self, op: Operation, error: BaseException) -> None:
@@ -548,7 +554,15 @@ class _ChatCompletions(_Endpoint):
     def input_messages(self, kwargs: dict[str, Any]) -> list[Message]:
         return _chat_messages(kwargs.get("messages"))
 
-    def read(self, op: Operation, result: Any) -> None:
+    def read_error(self, op: Operation, error: BaseException) -> None:
+        """The structured-output parser refuses an answer cut at the length limit or by the content filter: the
+        answer came all the same, and the error carries it."""
+        if isinstance(error, _REFUSED_ANSWER) and error.completion is not None:
+            self.read_final(op, error.completion)
+        else:
+            super().read_error(op, error)
+
+    def read_final(self, op: Operation, result: Any) -> None:
         _read_completion(op, result)
         if op.output is not None:
             for choice in result.choices:
@@ -623,7 +637,7 @@ class _Responses(_Endpoint):
     def input_messages(self, kwargs: dict[str, Any]) -> list[Message]:
         return _responses_input(kwargs.get("input"))
 
-    def read(self, op: Operation, result: Any) -> None:
+    def read_final(self, op: Operation, result: Any) -> None:
         _read_responses_usage(op, result)
         if op.output is not None:
             _read_responses_output(op.output, result)
@@ -667,7 +681,7 @@ class _Completions(_Endpoint):
     def input_messages(self, kwargs: dict[str, Any]) -> list[Message]:
         return _prompts(kwargs.get("prompt"))
 
-    def read(self, op: Operation, result: Any) -> None:
+    def read_final(self, op: Operation, result: Any) -> None:
         _read_completion(op, result)
         if op.output is not None:
             self.gather(op, result)
@@ -710,7 +724,7 @@ class _Embeddings(_Endpoint):
             request.attributes[sc.REQUEST_ENCODING_FORMATS] = [encoding]
         return request
 
-    def read(self, op: Operation, result: Any) -> None:
+    def read_final(self, op: Operation, result: Any) -> None:
         op.response_model = result.model
         if result.usage is not None:
             op.input_tokens = result.usage.prompt_tokens
