@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 
 from otel_llm._safety import report_failure
-from otel_llm._stream import AsyncResponseProxy, ResponseProxy, StreamProxy, async_stream_proxy
+from otel_llm._stream import AsyncResponseProxy, StreamProxy, async_stream_proxy, response_proxy
 
 if TYPE_CHECKING:
     from otel_llm._operation import Operation, Request
@@ -304,7 +304,7 @@ def _adopt(telemetry: Telemetry, endpoint: Endpoint, op: Operation, result: Any,
             return _adopt(telemetry, endpoint, op, parsed, is_async=is_async)
 
         if kind is Kind.RESPONSE:
-            return ResponseProxy(result, op, telemetry, adopt_parsed, endpoint.read_error)
+            return response_proxy(result, op, telemetry, adopt_parsed, endpoint.read_error)
         if kind is Kind.ASYNC_RESPONSE:
             return AsyncResponseProxy(result, op, telemetry, adopt_parsed, endpoint.read_error)
         endpoint.read(op, result)

@@ -298,7 +298,7 @@ class _ResponseLifecycle(wrapt.ObjectProxy[Any]):
 
 
 class ResponseProxy(_ResponseLifecycle):
-    """A raw or streaming response whose ``parse()`` and ``close()`` are synchronous."""
+    """A raw or streaming response whose ``parse()`` is synchronous."""
 
     def parse(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -308,9 +308,20 @@ class ResponseProxy(_ResponseLifecycle):
             raise
         return self._self_hand_out(parsed)
 
+
+class _ClosingResponseProxy(ResponseProxy):
+    """For a response that has ``close()`` (a streaming response; openai's raw response has none): only there, so a
+    response without one does not seem to have it."""
+
     def close(self) -> None:
         self._self_released()  # first, as a stream's close
         self.__wrapped__.close()
+
+
+def response_proxy(wrapped: Any, op: Operation, telemetry: Telemetry, adopt: Adopt,
+                   read_error: ReadError) -> ResponseProxy:
+    proxy = _ClosingResponseProxy if hasattr(type(wrapped), "close") else ResponseProxy
+    return proxy(wrapped, op, telemetry, adopt, read_error)
 
 
 class AsyncResponseProxy(_ResponseLifecycle):
