@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from array import array
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -185,8 +185,8 @@ class StreamProxy(_StreamLifecycle):
         chunks = wrapped if hasattr(type(wrapped), "__next__") else iter(wrapped)
         self._self_next = _sync_step(chunks.__next__, observe, read_error, op, telemetry)
 
-    def __iter__(self) -> StreamProxy:
-        return self
+    def __iter__(self) -> Iterator[Any]:
+        return _chunks(self, self._self_next)
 
     def __next__(self) -> Any:
         return self._self_next()
@@ -201,6 +201,18 @@ class StreamProxy(_StreamLifecycle):
     def close(self) -> None:
         self._self_closed()  # first: the close may end a read on another thread, which must not win the finish
         self.__wrapped__.close()
+
+
+def _chunks(proxy: StreamProxy, step: Callable[[], Any]) -> Iterator[Any]:
+    """What ``iter(stream)`` hands out: a generator of the stream's chunks, as the client's own ``__iter__`` is, so
+    closing it closes only it. Its frame holds the proxy, which ``for chunk in ...create(stream=True)`` holds by no
+    other reference: the stream is not abandoned while it is read."""
+    while True:
+        try:
+            chunk = step()
+        except StopIteration:
+            return
+        yield chunk
 
 
 class AsyncStreamProxy(_StreamLifecycle):

@@ -70,6 +70,30 @@ def test_break_then_close_is_cancelled(otel: Captured) -> None:
     assert otel.point(sc.STABLE_NAMES.time_to_first_chunk.name).count == 1
 
 
+def test_closing_an_iterator_of_the_stream_closes_only_the_iterator(otel: Captured) -> None:
+    """iter(stream) is a generator of the stream's chunks, as the client's own is: closing it (contextlib.closing,
+    the collector) leaves the stream open, and the caller reads on from the stream."""
+    client, _ = sync_client(server())
+    stream = client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    chunks = iter(stream)
+    assert isinstance(chunks, types.GeneratorType)
+    next(chunks)
+    chunks.close()
+    assert otel.spans() == []
+    assert len(list(stream)) == 5
+    otel.assert_finished(None)
+
+
+def test_a_stream_held_only_by_the_loop_reading_it_is_not_abandoned(otel: Captured) -> None:
+    client, _ = sync_client(server())
+    read = 0
+    for _ in client.chat.completions.create(model="m", messages=MESSAGES, stream=True):
+        gc.collect()
+        read += 1
+    assert read == 6
+    otel.assert_finished(None)
+
+
 @pytest.mark.parametrize("helper", [False, True], ids=["stream", "stream-helper"])
 def test_a_close_from_another_thread_is_cancelled_however_the_read_there_ends(
         otel: Captured, monkeypatch: pytest.MonkeyPatch, helper: bool) -> None:
