@@ -168,6 +168,9 @@ class _StreamLifecycle(wrapt.ObjectProxy[Any]):
         end_ns, error_type = op.stopped_by_caller(time.perf_counter_ns(), sc.ERROR_CANCELLED)
         self._self_telemetry.finish(op, error_type, end_ns)
 
+    def __repr__(self) -> str:
+        return repr(self.__wrapped__)  # as the caller would see the stream without us (wrapt's names the proxy)
+
     def __del__(self) -> None:
         try:
             op = self._self_op
@@ -297,6 +300,9 @@ class _ResponseLifecycle(wrapt.ObjectProxy[Any]):
         else:
             # the body was read raw or not at all: what was measured is the duration
             self._self_telemetry.finish(self._self_op)
+
+    def __repr__(self) -> str:
+        return repr(self.__wrapped__)
 
     def __del__(self) -> None:
         try:

@@ -44,6 +44,7 @@ def test_raw_response_stream_parse_gives_our_stream(otel: Captured) -> None:
     raw = client.chat.completions.with_raw_response.create(model="m", messages=MESSAGES, stream=True,
                                                             stream_options={"include_usage": True})
     assert not hasattr(raw, "close")  # the client's raw response has none: nor has ours
+    assert repr(raw).startswith("<APIResponse [200 OK] type=")  # the client's own repr
     stream = raw.parse()
     assert isinstance(stream, openai.Stream)
     assert raw.parse() is stream  # parse() hands out the same object every time, as the SDK does

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import re
 import subprocess
 import sys
 import textwrap
@@ -48,6 +49,7 @@ def test_exhausted_stream_finishes_without_error(otel: Captured) -> None:
     client, _ = sync_client(server())
     stream = client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
     assert isinstance(stream, openai.Stream)
+    assert re.fullmatch(r"<openai\.Stream object at 0x[0-9a-f]+>", repr(stream))  # the client's own repr
     assert stream.response.status_code == 200
     assert len(list(stream)) == 6
     stream.close()  # closing after the end changes nothing
