@@ -126,10 +126,10 @@ def streams(by: Sequence[str] = (), window: str = RATE) -> str:
 
 def fast_share(config: RuleConfig, by: Sequence[str] = (), window: str = RATE) -> str:
     """Share of streams whose first token came within the SLO threshold (a bucket edge, so exact); 0 where none
-    came at all."""
+    came at all, at most 1 where all did (the rules' clamp: rates extrapolated series by series)."""
     every = streams(by, window)
     fast = total(TTFT, "_bucket", by, extra=le_matcher(config.slo_threshold), window=window)
-    return share(f"({fast} or {every} * 0)", every)
+    return f"clamp_max({share(f'({fast} or {every} * 0)', every)}, 1)"
 
 
 def slow_share(config: RuleConfig, by: Sequence[str] = (), window: str = RATE) -> str:

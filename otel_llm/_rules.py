@@ -332,9 +332,12 @@ def _slo_burn(config: RuleConfig) -> RuleGroup:
         fast = sum_by("rate", _ttft_families(), "_bucket", window, by=GROUP_LABELS,
                       matchers=le_matcher(config.slo_threshold))
         rules.append(_record(every, _streams("rate", window)))
-        # no stream of a group fast, or none with a first token at all: nothing fast, not nothing known
-        rules.append(_record(f"{slow_ratio}{window}", f"1 - (\n  (\n{_indent(fast, 4)}\n    or\n    {every} * 0\n  )\n"
-                                                      f"  /\n  {every}\n)"))
+        # no stream of a group fast, or none with a first token at all: nothing fast, not nothing known. At most
+        # all fast: each series' rate is extrapolated on its own, so with every stream fast the quotient can come
+        # out a hair over 1
+        rules.append(_record(f"{slow_ratio}{window}",
+                             f"1 - clamp_max(\n  (\n{_indent(fast, 4)}\n    or\n    {every} * 0\n  )\n"
+                             f"  /\n  {every},\n  1\n)"))
     rules.extend(_record(f"{requests}{window}", _streams("increase", window)) for window in longs)
     pairs = [
         "\n".join(
