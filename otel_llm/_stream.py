@@ -160,6 +160,7 @@ class _StreamLifecycle(wrapt.ObjectProxy[Any]):
         super().__init__(wrapped)
         self._self_op = op
         self._self_telemetry = telemetry
+        telemetry.outlives(op)
 
     def _self_closed(self) -> None:
         """The consumer closed the stream; before its end, and before the response was complete, that is a
@@ -270,6 +271,7 @@ class _ResponseLifecycle(wrapt.ObjectProxy[Any]):
         super().__init__(wrapped)
         self._self_op = op
         self._self_telemetry = telemetry
+        telemetry.outlives(op)
         self._self_adopt = adopt
         self._self_read_error = read_error
         self._self_parsed: tuple[Any, Any] | None = None

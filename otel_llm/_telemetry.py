@@ -80,6 +80,9 @@ class Telemetry:
         self._prompt_length = shared.histogram(meter, names.prompt_length)
         # what each kind of operation records into, by _series_key()
         self._series: dict[tuple[Any, ...], _Series] = {}
+        # operations handed out unfinished (streams, responses read later), by id, for the exit (see outlives)
+        self._pending: weakref.WeakValueDictionary[int, Operation] = weakref.WeakValueDictionary()
+        _TELEMETRIES.add(self)
         _start_later_writer()  # last: a set-up that failed leaves no thread behind
 
     # --- lifecycle -------------------------------------------------------------------------------------------
@@ -137,6 +140,19 @@ class Telemetry:
         if _LATER:
             write_later()
         self._write(op, exception)
+
+    def outlives(self, op: Operation) -> None:
+        """The operation goes on after its SDK call (a stream, a response read later): if the caller still holds it
+        unfinished at exit (a script that broke out of its last stream, or died reading it), the exit finishes it
+        as the garbage collector would have, which the interpreter's own shutdown leaves no time for."""
+        self._pending[id(op)] = op
+
+    def finish_pending(self) -> None:
+        """At exit, before the providers shut down: every operation still held unfinished ends as abandoned where
+        it was last active (without error where its response was complete), and is written."""
+        for op in list(self._pending.values()):
+            if op.close(*op.stopped_by_caller(op.last_activity(), sc.ERROR_ABANDONED)):
+                self._write(op, None)
 
     def abandon(self, op: Operation) -> None:
         """End an operation nobody finished, from a garbage collector's finalizer: where activity was last seen,
@@ -362,6 +378,8 @@ class _Shared:
 
 
 _SHARED: weakref.WeakKeyDictionary[Any, _Shared] = weakref.WeakKeyDictionary()
+# every Telemetry still referred to, for what the exit finishes
+_TELEMETRIES: weakref.WeakSet[Telemetry] = weakref.WeakSet()
 
 # Operations ended where nothing may be written (a garbage collector's finalizer), with the exception to report
 _LATER: deque[tuple[Telemetry, Operation, BaseException | None]] = deque()
@@ -415,8 +433,14 @@ def _write_later_in_time(stop: threading.Event) -> None:
 
 def _write_at_exit() -> None:
     """What waits goes out before the providers shut down, and so does what the writer thread is writing now: it
-    took it off the queue, and would be stopped mid-write once the exit is done."""
+    took it off the queue, and would be stopped mid-write once the exit is done. So do the operations still held
+    unfinished (see Telemetry.outlives)."""
     write_later()
+    for telemetry in list(_TELEMETRIES):
+        try:
+            telemetry.finish_pending()
+        except Exception:
+            report_failure("exit")
     _later_idle.wait(_EXIT_WAIT_S)
 
 

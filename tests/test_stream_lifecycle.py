@@ -513,6 +513,37 @@ def test_a_stream_abandoned_before_exit_is_exported_at_exit() -> None:
     assert result.stdout.splitlines() == ["exiting", f"True {sc.ERROR_ABANDONED}"]
 
 
+@pytest.mark.parametrize(("stop", "error_type"), [("at the finish", None), ("after the first token", "abandoned"),
+                                                 ("by a crash", "abandoned")])
+def test_a_stream_still_held_at_exit_is_finished_and_exported(stop: str, error_type: str | None) -> None:
+    """A script that breaks out of its last stream, or dies reading it, still holds the stream at exit (a global,
+    the traceback's frames): the interpreter's shutdown would free it too late to write anything, so the exit
+    finishes it, as the garbage collector would have."""
+    program = ABANDON + textwrap.dedent(f"""
+        http, _ = wire.mock_client([wire.Reply.stream(wire.chat_stream(["a", "b"]))])
+        client = openai.OpenAI(api_key="k", http_client=http, max_retries=0)
+        stream = client.chat.completions.create(model="m", messages=[{{"role": "user", "content": "hi"}}],
+                                                stream=True)
+        for chunk in stream:
+            choice = chunk.choices[0]
+            if {stop!r} == "at the finish" and choice.finish_reason:
+                break
+            if {stop!r} != "at the finish" and choice.delta.content:
+                if {stop!r} == "by a crash":
+                    raise RuntimeError("the application's own bug")
+                break
+        print("exiting", flush=True)
+    """)
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,
+                            cwd=Path(__file__).parent)
+    if stop == "by a crash":
+        assert result.returncode == 1 and "RuntimeError: the application's own bug" in result.stderr
+        assert result.stdout.splitlines() == [f"True {error_type}"]
+    else:
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines() == ["exiting", f"True {error_type}"]
+
+
 def test_a_stream_abandoned_as_the_interpreter_shuts_down_is_left_alone(
         otel: Captured, monkeypatch: pytest.MonkeyPatch) -> None:
     """At exit the providers are shut down already, and threads frozen mid-record may hold our locks."""
