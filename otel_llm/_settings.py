@@ -103,6 +103,11 @@ def _metric_names(raw: str | None) -> _semconv.MetricNames:
     options = {part.strip() for part in (raw or "").split(",")}
     if _semconv.LATEST_EXPERIMENTAL_OPT_IN in options:
         return _semconv.LATEST_EXPERIMENTAL_NAMES
+    # other instrumentations read this variable too: only a GenAI option we do not know is ours to name
+    unknown = sorted(option for option in options if option.startswith("gen_ai"))
+    if unknown:
+        _log.warning("otel_llm: ignoring %s in %s=%r (the GenAI option is %s); using the stable names",
+                     ", ".join(unknown), SEMCONV_OPT_IN_ENV, raw, _semconv.LATEST_EXPERIMENTAL_OPT_IN)
     return _semconv.STABLE_NAMES
 
 

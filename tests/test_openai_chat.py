@@ -188,6 +188,16 @@ def test_latest_experimental_names_on_opt_in(instrument: Any) -> None:
     assert captured.point(names.output_token_counter.name).value == 4  # type: ignore[union-attr]
 
 
+def test_a_misspelt_genai_opt_in_is_named_and_the_stable_names_used(instrument: Any,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    captured = instrument(OTEL_SEMCONV_STABILITY_OPT_IN="http,gen_ai_latest_experimentl")
+    chat(False, openai_server(tokens=TOKENS, usage=USAGE), model="gpt-4o-mini", messages=MESSAGES, stream=True)
+    assert captured.point(sc.STABLE_NAMES.duration.name).count == 1
+    assert [record.getMessage() for record in caplog.records if record.name == "otel_llm"] == [
+        "otel_llm: ignoring gen_ai_latest_experimentl in OTEL_SEMCONV_STABILITY_OPT_IN="
+        "'http,gen_ai_latest_experimentl' (the GenAI option is gen_ai_latest_experimental); using the stable names"]
+
+
 @pytest.fixture
 def built_by_client(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The JSON of every stream event the openai client turned into an object (sync and async clients alike)."""
