@@ -4,6 +4,7 @@ provider, or only a meter provider, has chosen for the other signal too (tracing
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import os
@@ -28,49 +29,68 @@ def nothing_configured() -> bool:
             and type(metrics.get_meter_provider()).__name__ == "_ProxyMeterProvider")
 
 
-def global_tracer_provider(set_up: bool) -> trace.TracerProvider:
-    """The global tracer provider; with ``set_up``, an OTLP one first if the application set none."""
-    provider = trace.get_tracer_provider()
-    if set_up and isinstance(provider, trace.ProxyTracerProvider):
-        provider = TracerProvider(resource=Resource.create())
-        for exporter in span_exporters():
-            provider.add_span_processor(BatchSpanProcessor(exporter))
-        trace.set_tracer_provider(provider)
-    return provider
+class Providers:
+    """The providers instrument() works with. When the application set none, they are made here from the
+    ``OTEL_*`` variables, and become the global ones only once every one of them is made (``install``): a set-up
+    that fails on the way (a bad value the SDK refuses) leaves no global provider behind, nor a running export
+    (``discard``), so the application can still set its own, and a later instrument() can try again."""
 
+    def __init__(self, set_up: bool, with_logs: bool) -> None:
+        self.made: list[Any] = []
+        self.tracer_provider: Any = trace.get_tracer_provider()
+        self.meter_provider: Any = metrics.get_meter_provider()
+        self.logger_provider: Any = get_logger_provider() if with_logs else None
+        if not set_up:
+            if with_logs and type(self.logger_provider).__name__ == "ProxyLoggerProvider":
+                _log.warning("otel_llm: content events go to the API's logger provider, which drops them until "
+                             "the application sets one")
+            return
+        try:
+            self.tracer_provider = self._made(TracerProvider(resource=Resource.create()))
+            for exporter in span_exporters():
+                self.tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
+            readers = []
+            for name, protocol in _choices("METRICS"):
+                if name == "prometheus":
+                    readers += _prometheus_reader()
+                else:
+                    readers.append(self._made(PeriodicExportingMetricReader(_metric_exporter(name, protocol))))
+            meter_provider = MeterProvider(resource=Resource.create(), metric_readers=readers)
+            self.made = [made for made in self.made if made not in readers]  # the provider shuts them down now
+            self.meter_provider = self._made(meter_provider)
+            if with_logs and type(self.logger_provider).__name__ == "ProxyLoggerProvider":
+                self.logger_provider = self._made(LoggerProvider(resource=Resource.create()))
+                for exporter, protocol in _choices("LOGS"):
+                    log_exporter = ConsoleLogRecordExporter() if exporter == "console" else _otlp_log_exporter(
+                        protocol)
+                    self.logger_provider.add_log_record_processor(BatchLogRecordProcessor(log_exporter))
+        except BaseException:
+            self.discard()
+            raise
 
-def global_meter_provider(set_up: bool) -> metrics.MeterProvider:
-    """The global meter provider; with ``set_up``, an OTLP one first if the application set none."""
-    provider = metrics.get_meter_provider()
-    # the API's placeholder until an application sets one
-    if set_up and type(provider).__name__ == "_ProxyMeterProvider":
-        readers = []
-        for name, protocol in _choices("METRICS"):
-            if name == "prometheus":
-                readers += _prometheus_reader()
+    def _made(self, provider: Any) -> Any:
+        self.made.append(provider)
+        return provider
+
+    def install(self) -> None:
+        """The providers made here become the global ones."""
+        for provider in self.made:  # only providers by now: their readers are theirs
+            if isinstance(provider, TracerProvider):
+                trace.set_tracer_provider(provider)
+            elif isinstance(provider, MeterProvider):
+                metrics.set_meter_provider(provider)
             else:
-                readers.append(PeriodicExportingMetricReader(_metric_exporter(name, protocol)))
-        provider = MeterProvider(resource=Resource.create(), metric_readers=readers)
-        metrics.set_meter_provider(provider)
-    return provider
+                set_logger_provider(provider)
 
-
-def global_logger_provider(set_up: bool) -> Any:
-    """Only asked for when content goes out as events; with ``set_up``, an OTLP one first if the application set
-    none. An application that set up its own tracing or metrics gets no log export behind its back either."""
-    provider = get_logger_provider()
-    if type(provider).__name__ != "ProxyLoggerProvider":
-        return provider
-    if not set_up:
-        _log.warning("otel_llm: content events go to the API's logger provider, which drops them until the "
-                     "application sets one")
-        return provider
-    provider = LoggerProvider(resource=Resource.create())
-    for exporter, protocol in _choices("LOGS"):
-        log_exporter = ConsoleLogRecordExporter() if exporter == "console" else _otlp_log_exporter(protocol)
-        provider.add_log_record_processor(BatchLogRecordProcessor(log_exporter))
-    set_logger_provider(provider)
-    return provider
+    def discard(self) -> None:
+        """Shut down what was made here (providers, and readers that no provider took: export threads), as the
+        set-up did not complete."""
+        for provider in self.made:
+            try:
+                provider.shutdown()
+            except Exception:
+                _log.debug("otel_llm: shutting down a provider of a failed set-up", exc_info=True)
+        self.made.clear()
 
 
 def span_exporters() -> list[Any]:
@@ -133,6 +153,13 @@ def sdk_enabled() -> bool:
 # the Python SDK's own exporter names that pin the OTLP protocol (its opentelemetry_*_exporter entry points)
 _OTLP_NAMES = {"otlp_proto_grpc": "grpc", "otlp_proto_http": "http/protobuf"}
 _KNOWN = {"otlp", "console", "prometheus"}
+_PROTOCOLS = {"grpc", "http/protobuf"}
+
+
+@functools.cache  # once, not once per signal
+def _unsupported_protocol(variable: str, protocol: str) -> None:
+    _log.warning("otel_llm: %s=%s is not supported here (grpc or http/protobuf); using http/protobuf", variable,
+                 protocol)
 
 
 def _choices(signal: str) -> list[tuple[str, str]]:
@@ -142,8 +169,13 @@ def _choices(signal: str) -> list[tuple[str, str]]:
     names = [name for name in dict.fromkeys(names) if name] or ["otlp"]
     if "none" in names:
         return []
-    protocol = (os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL")
-                or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf").strip().lower()
+    variable = f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL"
+    if not os.environ.get(variable):
+        variable = "OTEL_EXPORTER_OTLP_PROTOCOL"
+    protocol = (os.environ.get(variable) or "http/protobuf").strip().lower()
+    if protocol not in _PROTOCOLS:  # a typo would otherwise send to the other port, and only fail to connect
+        _unsupported_protocol(variable, protocol)
+        protocol = "http/protobuf"
     chosen = []
     for name in names:
         if name in _OTLP_NAMES:

@@ -21,13 +21,7 @@ from opentelemetry._logs import get_logger
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
 from otel_llm import _semconv
-from otel_llm._export import (
-    global_logger_provider,
-    global_meter_provider,
-    global_tracer_provider,
-    nothing_configured,
-    sdk_enabled,
-)
+from otel_llm._export import Providers, nothing_configured, sdk_enabled
 from otel_llm._patching import Client, Patches
 from otel_llm._settings import load_settings
 from otel_llm._telemetry import Telemetry, stop_later_writer
@@ -104,18 +98,25 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         settings = load_settings()
         # before either is set up here; a provider passed is a set-up of the application's own too
         set_up = nothing_configured() and not (kwargs.get("tracer_provider") or kwargs.get("meter_provider"))
-        tracer_provider = kwargs.get("tracer_provider") or global_tracer_provider(set_up)
-        meter_provider = kwargs.get("meter_provider") or global_meter_provider(set_up)
-        logger = None
-        if settings.capture_content.on_event:
-            logger_provider = kwargs.get("logger_provider") or global_logger_provider(set_up)
-            logger = get_logger(_semconv.INSTRUMENTATION_SCOPE, __version__, logger_provider)
-        telemetry = Telemetry(
-            trace.get_tracer(_semconv.INSTRUMENTATION_SCOPE, __version__, tracer_provider),
-            metrics.get_meter(_semconv.INSTRUMENTATION_SCOPE, __version__, meter_provider),
-            settings,
-            logger,
-        )
+        on_event = settings.capture_content.on_event
+        providers = Providers(set_up, with_logs=on_event and not kwargs.get("logger_provider"))
+        try:
+            tracer_provider = kwargs.get("tracer_provider") or providers.tracer_provider
+            meter_provider = kwargs.get("meter_provider") or providers.meter_provider
+            logger = None
+            if on_event:
+                logger_provider = kwargs.get("logger_provider") or providers.logger_provider
+                logger = get_logger(_semconv.INSTRUMENTATION_SCOPE, __version__, logger_provider)
+            telemetry = Telemetry(
+                trace.get_tracer(_semconv.INSTRUMENTATION_SCOPE, __version__, tracer_provider),
+                metrics.get_meter(_semconv.INSTRUMENTATION_SCOPE, __version__, meter_provider),
+                settings,
+                logger,
+            )
+        except BaseException:
+            providers.discard()
+            raise
+        providers.install()
         self._telemetry = telemetry
         self._providers = {"tracer_provider": tracer_provider, "meter_provider": meter_provider,
                            "logger_provider": kwargs.get("logger_provider")}

@@ -225,6 +225,35 @@ def test_an_application_that_set_up_tracing_only_keeps_it_that_way(receiver: Rec
     assert receiver.traces == [] and receiver.metrics == []
 
 
+def test_a_set_up_that_fails_leaves_nothing_behind_and_a_later_one_works(receiver: Receiver, tmp_path: Path) -> None:
+    """A value the SDK refuses, met once tracing is made: the failure is logged, no provider of ours is left
+    global (the application could still set its own) and no export thread runs; once the value is mended, a later
+    instrument() sets up both signals."""
+    setup = textwrap.dedent("""
+        import os, threading
+        from opentelemetry import trace, metrics
+        import otel_llm
+        os.environ["OTEL_METRICS_EXEMPLAR_FILTER"] = "bogus"
+        otel_llm.instrument()
+        print(type(trace.get_tracer_provider()).__name__, type(metrics.get_meter_provider()).__name__,
+              [thread.name for thread in threading.enumerate() if thread is not threading.main_thread()])
+        os.environ["OTEL_METRICS_EXEMPLAR_FILTER"] = "trace_based"
+        otel_llm.instrument()
+    """)
+    result, _ = launch([sys.executable], setup, otlp_env(receiver), tmp_path)
+    assert result.stdout.split("\n")[:2] == ["ProxyTracerProvider _ProxyMeterProvider []", "Hi!"]
+    assert "cannot set up its telemetry" in result.stderr and "Unknown exemplar filter 'bogus'" in result.stderr
+    assert_exported(receiver)
+
+
+def test_an_unsupported_otlp_protocol_is_named_once_and_http_protobuf_used(receiver: Receiver,
+                                                                             tmp_path: Path) -> None:
+    env = {**otlp_env(receiver), "OTEL_EXPORTER_OTLP_PROTOCOL": "gprc"}
+    result, _ = launch([sys.executable], "import otel_llm; otel_llm.instrument()", env, tmp_path)
+    assert result.stderr.count("OTEL_EXPORTER_OTLP_PROTOCOL=gprc is not supported here") == 1, result.stderr
+    assert_exported(receiver)
+
+
 def test_the_sdks_own_exporter_names_are_understood(receiver: Receiver, tmp_path: Path) -> None:
     """otlp_proto_http pins the protocol whatever OTEL_EXPORTER_OTLP_PROTOCOL says; prometheus serves a scrape
     endpoint on OTEL_EXPORTER_PROMETHEUS_PORT; a list names several exporters, as the SDK reads it."""
