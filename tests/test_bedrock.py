@@ -8,15 +8,18 @@ import asyncio
 import bisect
 import contextlib
 import gc
+import io
 import itertools
 import json
 import logging
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+import boto3
 import botocore.client
 import botocore.endpoint
 import pytest
@@ -24,10 +27,12 @@ import wire
 import wire_bedrock as wb
 import wrapt
 from botocore.eventstream import ChecksumMismatch, EventStream, EventStreamBuffer
-from botocore.exceptions import ClientError, EventStreamError
+from botocore.exceptions import ClientError, EventStreamError, ResponseStreamingError
 from botocore.response import StreamingBody
+from botocore.stub import Stubber
 from conftest import Captured, Instrument, attributes
 from opentelemetry import trace
+from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import SpanKind, StatusCode
@@ -822,6 +827,72 @@ def test_the_caller_gets_what_boto3_gives_without_us(instrument: Instrument) -> 
     with bedrock(replies()) as (client, _):
         assert calls(client) == without
     assert len(captured.spans()) == 4
+
+
+def test_invoke_models_body_keeps_botocores_behaviour(instrument: Instrument) -> None:
+    """We read the body within the call and hand over one that replays it: it reads, closes and takes a socket
+    timeout as botocore's own does."""
+    def use(client: Any) -> list[Any]:
+        body = client.invoke_model(modelId=MODEL, body=json.dumps(CLAUDE.request("Hi")))["body"]
+        body.set_socket_timeout(5)
+        return [body.readable(), body.read(5), body.read(), body.close(), body.read(), body.readable()]
+
+    reply = wb.invoke_reply(CLAUDE.body(TOKENS, USAGE))
+    with bedrock([reply]) as (client, _):
+        without = use(client)
+    captured = instrument()
+    with bedrock([reply]) as (client, _):
+        assert use(client) == without
+    assert attributes(captured.span())[sc.USAGE_OUTPUT_TOKENS] == 3
+
+
+def test_a_body_cut_off_in_transfer_fails_at_read_as_without_us(otel: Captured) -> None:
+    """The call returns; reading the body raises, as botocore's would: the operation records that error."""
+    sent = wb.invoke_reply(CLAUDE.body(TOKENS, USAGE))
+    cut = wire.Reply(sent.status, sent.body, sent.headers, drop_after=0)
+    with bedrock([cut]) as (client, _):
+        body = client.invoke_model(modelId=MODEL, body=json.dumps(CLAUDE.request("Hi")))["body"]
+        with pytest.raises(ResponseStreamingError):
+            body.read()
+    otel.assert_finished("ResponseStreamingError")
+
+
+def test_what_a_stubber_hands_over_is_the_callers_as_it_is(otel: Captured) -> None:
+    """botocore's Stubber takes bytes or a BytesIO for invoke_model's body, and no stream at all for a stream: the
+    caller gets them as stubbed, unread, and each call is still one span."""
+    client = boto3.client("bedrock-runtime", region_name=wb.REGION, aws_access_key_id="test",
+                          aws_secret_access_key="test")
+    sent = json.dumps(CLAUDE.body(TOKENS, USAGE)).encode()
+    request = json.dumps(CLAUDE.request("Hi"))
+    with Stubber(client) as stub:
+        stub.add_response("invoke_model", {"body": sent, "contentType": "application/json"})
+        stub.add_response("invoke_model", {"body": io.BytesIO(sent), "contentType": "application/json"})
+        stub.add_response("converse_stream", {})
+        assert client.invoke_model(modelId=MODEL, body=request)["body"] == sent
+        stubbed = client.invoke_model(modelId=MODEL, body=request)["body"]
+        assert isinstance(stubbed, io.BytesIO) and stubbed.tell() == 0 and stubbed.getvalue() == sent
+        assert client.converse_stream(modelId=MODEL, messages=MESSAGES) == {}
+    assert [dict(span.attributes or {}).get(sc.ERROR_TYPE) for span in otel.spans()] == [None, None, None]
+
+
+def test_a_stream_shows_botocores_own_repr(otel: Captured) -> None:
+    with bedrock([wb.stream_reply(CONVERSE_STREAM.events(TOKENS, USAGE, None))]) as (client, _):
+        stream = client.converse_stream(modelId=MODEL, messages=MESSAGES)["stream"]
+        assert re.fullmatch(r"<botocore\.eventstream\.EventStream object at 0x[0-9a-f]+>", repr(stream))
+        assert len(list(stream)) == 7
+    otel.assert_finished(None)
+
+
+def test_a_suppressed_call_gets_botocores_own_objects(otel: Captured) -> None:
+    replies = [wb.invoke_reply(CLAUDE.body(TOKENS, USAGE)),
+               wb.stream_reply(CONVERSE_STREAM.events(TOKENS, USAGE, None))]
+    with bedrock(replies) as (client, _), suppress_instrumentation():
+        body = client.invoke_model(modelId=MODEL, body=json.dumps(CLAUDE.request("Hi")))["body"]
+        stream = client.converse_stream(modelId=MODEL, messages=MESSAGES)["stream"]
+        assert type(body._raw_stream).__name__ == "HTTPResponse"  # botocore's, unread by us
+        assert type(stream) is EventStream
+        assert len(list(stream)) > 0 and body.read() == replies[0].body
+    assert otel.spans() == []
 
 
 def test_span_is_current_only_while_botocore_sends(otel: Captured) -> None:

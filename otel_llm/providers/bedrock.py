@@ -25,12 +25,13 @@ from urllib.parse import urlsplit
 
 import wrapt
 from botocore.client import BaseClient
+from botocore.eventstream import EventStream
 from botocore.exceptions import ClientError
 from botocore.response import StreamingBody
 
 from otel_llm import _content as ct
 from otel_llm import _semconv as sc
-from otel_llm._calls import Kind, hook, sync_call
+from otel_llm._calls import Kind, current_operation, hook, sync_call
 from otel_llm._content import Message, Output, Part
 from otel_llm._operation import Request
 from otel_llm._patching import Provider, Target
@@ -488,6 +489,52 @@ class _EventIterator(wrapt.ObjectProxy[Any]):
     def __next__(self) -> Any:
         return next(self._self_events)
 
+    def __repr__(self) -> str:
+        return repr(self.__wrapped__)
+
+
+class _Replay(io.BytesIO):
+    """What the caller's StreamingBody reads once we have read the HTTP body within the call: the same bytes, as
+    urllib3's response gives them (nothing after a close, and always readable). botocore's set_socket_timeout reaches
+    through it to the socket; the body is in memory, so a timeout has nothing left to bound."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data)
+        self._fp = _NoSocket()
+
+    def read(self, size: int | None = -1) -> bytes:
+        return b"" if self.closed else super().read(size)
+
+    def readable(self) -> bool:
+        return True
+
+
+class _NoSocket:
+    """The path botocore's StreamingBody.set_socket_timeout takes to urllib3's socket (``_fp.fp.raw._sock``)."""
+
+    def __init__(self) -> None:
+        self.fp = self.raw = self
+
+    @property
+    def _sock(self) -> _NoSocket:
+        return self
+
+    def settimeout(self, timeout: float | None) -> None:
+        pass
+
+
+class _Unreadable(io.RawIOBase):
+    """A body whose read within the call failed: the caller meets the same error where it would have, at read()."""
+
+    def __init__(self, error: Exception) -> None:
+        self._error = error
+
+    def read(self, size: int = -1) -> bytes:
+        raise self._error
+
+    def readable(self) -> bool:
+        return True
+
 
 class _Endpoint:
     """One bedrock-runtime operation. ``receive`` runs inside the measured call, on botocore's result, and does
@@ -578,10 +625,15 @@ class _StreamEndpoint(_Endpoint):
     key = "stream"  # where botocore's result holds the EventStream
 
     def receive(self, response: dict[str, Any]) -> Any:
-        return _EventIterator(response[self.key])
+        events = response.get(self.key)
+        # botocore's EventStream; anything else (a Stubber's stand-in, nothing) is the caller's as it is
+        return _EventIterator(events) if isinstance(events, EventStream) else response
 
     def deliver(self, response: dict[str, Any], adopted: Any) -> Any:
-        return {**response, self.key: adopted}
+        return response if adopted is response else {**response, self.key: adopted}
+
+    def read(self, op: Operation, result: Any) -> None:
+        pass  # no EventStream to read (see receive)
 
 
 class _ConverseStream(_StreamEndpoint):
@@ -617,18 +669,29 @@ class _InvokeModel(_Invoke):
     method = "InvokeModel"
 
     def receive(self, response: dict[str, Any]) -> Any:
-        # the body is the answer: read it within the call (its errors stay the caller's), hand over an equal one
-        data = response["body"].read()
-        response["body"] = StreamingBody(io.BytesIO(data), len(data))
-        return response, data
+        """The body is the answer: read within the call, and an equal one handed over. One that fails to read is
+        handed over failing the same way, so the caller meets the error at read(), as it would have; the operation
+        records it. A body that is not botocore's (a Stubber's bytes) is left as it is, unread."""
+        body = response.get("body")
+        if not isinstance(body, StreamingBody):
+            return response, None, None
+        try:
+            data = body.read()
+        except Exception as error:  # ResponseStreamingError, ReadTimeoutError, IncompleteReadError: the caller's
+            response["body"] = StreamingBody(_Unreadable(error), None)
+            return response, None, error
+        response["body"] = StreamingBody(_Replay(data), len(data))
+        return response, data, None
 
     def deliver(self, response: dict[str, Any], adopted: Any) -> Any:
         return response
 
     def read(self, op: Operation, result: Any) -> None:
-        response, data = result
+        response, data, error = result
         _read_headers(op, response)
-        if "json" in response.get("contentType", "") and data:
+        if error is not None:
+            op.error_type = type(error).__name__
+        elif "json" in response.get("contentType", "") and data:
             payload = json.loads(data)
             _read_payload(op, payload)
             if op.output is not None:
@@ -680,12 +743,18 @@ def _api_call(telemetry: Telemetry) -> Wrapper:
             return wrapped(*args, **kwargs)
         endpoint, call = found
         response: dict[str, Any] = {}
+        measured = []
 
         def send(**api_params: Any) -> Any:
-            response.update(wrapped(operation_name, api_params))
+            result = wrapped(operation_name, api_params)
+            if current_operation() is None:  # the core calls as if we were not there (suppressed, say): so do we
+                return result
+            measured.append(True)
+            response.update(result)
             return endpoint.receive(response)
 
-        return endpoint.deliver(response, call(send, instance, (), params))
+        outcome = call(send, instance, (), params)
+        return endpoint.deliver(response, outcome) if measured else outcome
 
     _API_CALL_WRAPPERS[telemetry] = wrapper
     return wrapper
