@@ -558,11 +558,12 @@ def _identity(request: Request) -> dict[str, Any]:
 
 def _time_per_output_token(op: Operation) -> float | None:
     """True TPOT: the spread of content chunks over the streamed tokens after the first; unknown without a token
-    count. Reasoning tokens a model keeps to itself (counted in OpenAI's output tokens) never reach the stream."""
+    count, and with one content chunk (however many tokens it holds, their spread in time cannot be seen). Reasoning
+    tokens a model keeps to itself (counted in OpenAI's output tokens) never reach the stream."""
     tokens = op.output_tokens
     if tokens is not None and op.reasoning_tokens and not op.reasoning_streamed:
         tokens -= op.reasoning_tokens
-    if not op.request.stream or tokens is None or tokens < 2 or not op.first_content_ns:
+    if not op.request.stream or tokens is None or tokens < 2 or op.content_chunks < 2:
         return None
     return (op.last_content_ns - op.first_content_ns) / _NS / (tokens - 1)
 

@@ -377,6 +377,17 @@ def test_time_per_output_token_counts_the_tokens_that_were_streamed(otel: Captur
     assert attributes(otel.span())[sc.TIME_PER_OUTPUT_TOKEN] == pytest.approx(0.01, abs=0.004)
 
 
+def test_an_answer_in_one_chunk_has_no_time_per_output_token(otel: Captured) -> None:
+    """Five tokens in one chunk: how they were spread in time cannot be seen, which is not a spread of 0 s (a
+    record of 0 would pull the TPOT percentiles down with every short answer)."""
+    chat(False, [wire.Reply.stream(wire.chat_stream(["Yes, it is."], usage=wire.Usage(input=9, output=5)))],
+         model="gpt-4o-mini", messages=MESSAGES, stream=True)
+    attrs = attributes(otel.span())
+    assert attrs[sc.CONTENT_CHUNKS] == 1 and attrs[sc.USAGE_OUTPUT_TOKENS] == 5
+    assert sc.TIME_PER_OUTPUT_TOKEN not in attrs
+    assert otel.points(sc.STABLE_NAMES.time_per_output_token.name) == []
+
+
 @pytest.mark.parametrize("usage", ['"n/a"', "[1,2]", '{"prompt_tokens":"12","completion_tokens":null}',
                                    '{"prompt_tokens":-12,"completion_tokens":1.5}',
                                    # past a trillion: garbage, and sums of it could pass what OTLP's int64 holds
