@@ -226,8 +226,8 @@ class AsyncStreamProxy(_StreamLifecycle):
         chunks = wrapped if hasattr(type(wrapped), "__anext__") else aiter(wrapped)  # as StreamProxy's
         self._self_next = _async_step(chunks.__anext__, observe, read_error, op, telemetry)
 
-    def __aiter__(self) -> AsyncStreamProxy:
-        return self
+    def __aiter__(self) -> _AsyncChunks:
+        return _AsyncChunks(self, self._self_next)
 
     def __anext__(self) -> Awaitable[Any]:
         return self._self_next()
@@ -242,6 +242,31 @@ class AsyncStreamProxy(_StreamLifecycle):
     async def close(self) -> None:
         self._self_closed()
         await self.__wrapped__.close()
+
+
+class _AsyncChunks:
+    """What ``aiter(stream)`` hands out: the stream's chunks, each read by the proxy's step from a plain object
+    (reading it off the proxy for every chunk costs ~0.14 us more). It holds the proxy, as _chunks does, and closes
+    as the client's own async generator does: itself only, the stream stays open."""
+
+    __slots__ = ("_proxy", "_step")
+
+    def __init__(self, proxy: AsyncStreamProxy, step: Callable[[], Awaitable[Any]]) -> None:
+        self._proxy = proxy
+        self._step = step
+
+    def __aiter__(self) -> _AsyncChunks:
+        return self
+
+    def __anext__(self) -> Awaitable[Any]:
+        return self._step()
+
+    async def aclose(self) -> None:
+        self._step = _no_more
+
+
+async def _no_more() -> Any:
+    raise StopAsyncIteration
 
 
 class _AsyncClosingStreamProxy(AsyncStreamProxy):

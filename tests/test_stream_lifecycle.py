@@ -587,6 +587,37 @@ def test_async_break_then_close(otel: Captured, close: str) -> None:
     otel.assert_finished(sc.ERROR_CANCELLED)
 
 
+def test_closing_an_async_iterator_of_the_stream_closes_only_the_iterator(otel: Captured) -> None:
+    """aiter(stream) closes as the client's own async generator does: itself only; the caller reads on from the
+    stream."""
+    client, _ = async_client(server())
+
+    async def main() -> tuple[list[Any], int]:
+        stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+        chunks = aiter(stream)
+        await anext(chunks)
+        await chunks.aclose()
+        after_close = [chunk async for chunk in chunks]
+        return after_close, len([chunk async for chunk in stream])
+
+    assert asyncio.run(main()) == ([], 5)
+    otel.assert_finished(None)
+
+
+def test_an_async_stream_held_only_by_the_loop_reading_it_is_not_abandoned(otel: Captured) -> None:
+    client, _ = async_client(server())
+
+    async def main() -> int:
+        read = 0
+        async for _ in await client.chat.completions.create(model="m", messages=MESSAGES, stream=True):
+            gc.collect()
+            read += 1
+        return read
+
+    assert asyncio.run(main()) == 6
+    otel.assert_finished(None)
+
+
 def test_an_async_stream_without_aclose_does_not_seem_to_have_one(instrument: Any) -> None:
     import anthropic
     import wire_anthropic
