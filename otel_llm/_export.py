@@ -52,7 +52,7 @@ class Providers:
             readers = []
             for name, protocol in _choices("METRICS"):
                 if name == "prometheus":
-                    readers += _prometheus_reader()
+                    readers += [self._made(reader) for reader in self._prometheus_reader()]
                 else:
                     readers.append(self._made(PeriodicExportingMetricReader(_metric_exporter(name, protocol))))
             meter_provider = MeterProvider(resource=Resource.create(), metric_readers=readers)
@@ -74,17 +74,38 @@ class Providers:
 
     def install(self) -> None:
         """The providers made here become the global ones."""
-        for provider in self.made:  # only providers by now: their readers are theirs
+        for provider in self.made:
             if isinstance(provider, TracerProvider):
                 trace.set_tracer_provider(provider)
             elif isinstance(provider, MeterProvider):
                 metrics.set_meter_provider(provider)
-            else:
+            elif isinstance(provider, LoggerProvider):
                 set_logger_provider(provider)
 
+    def _prometheus_reader(self) -> list[Any]:
+        """A scrape endpoint, as the SDK's own configuration makes one (OTEL_EXPORTER_PROMETHEUS_HOST / _PORT); its
+        HTTP server is shut down with the rest should the set-up fail, so a later one can serve on that port."""
+        try:
+            from opentelemetry.exporter.prometheus import PrometheusMetricReader
+            from prometheus_client import start_http_server
+        except ImportError:
+            _log.warning("otel_llm: OTEL_METRICS_EXPORTER=prometheus needs `pip install otel-llm[prometheus]`; "
+                         "no scrape endpoint")
+            return []
+        host = os.environ.get("OTEL_EXPORTER_PROMETHEUS_HOST") or "localhost"
+        port = os.environ.get("OTEL_EXPORTER_PROMETHEUS_PORT") or "9464"
+        try:
+            server, _ = start_http_server(port=int(port), addr=host)
+        except (OSError, ValueError):
+            _log.warning("otel_llm: cannot serve Prometheus metrics on %s:%s; no scrape endpoint", host, port,
+                         exc_info=True)
+            return []
+        self._made(_ScrapeEndpoint(server))
+        return [PrometheusMetricReader()]
+
     def discard(self) -> None:
-        """Shut down what was made here (providers, and readers that no provider took: export threads), as the
-        set-up did not complete."""
+        """Shut down what was made here (providers, readers that no provider took, a scrape endpoint: threads and a
+        port), as the set-up did not complete."""
         for provider in self.made:
             try:
                 provider.shutdown()
@@ -125,24 +146,15 @@ def _otlp(module: str, name: str, protocol: str) -> Any:
     return getattr(importlib.import_module(f"opentelemetry.exporter.otlp.proto.http.{module}"), name)()
 
 
-def _prometheus_reader() -> list[Any]:
-    """A scrape endpoint, as the SDK's own configuration makes one (OTEL_EXPORTER_PROMETHEUS_HOST / _PORT)."""
-    try:
-        from opentelemetry.exporter.prometheus import PrometheusMetricReader
-        from prometheus_client import start_http_server
-    except ImportError:
-        _log.warning("otel_llm: OTEL_METRICS_EXPORTER=prometheus needs `pip install otel-llm[prometheus]`; "
-                     "no scrape endpoint")
-        return []
-    host = os.environ.get("OTEL_EXPORTER_PROMETHEUS_HOST") or "localhost"
-    port = os.environ.get("OTEL_EXPORTER_PROMETHEUS_PORT") or "9464"
-    try:
-        start_http_server(port=int(port), addr=host)
-    except (OSError, ValueError):
-        _log.warning("otel_llm: cannot serve Prometheus metrics on %s:%s; no scrape endpoint", host, port,
-                     exc_info=True)
-        return []
-    return [PrometheusMetricReader()]
+class _ScrapeEndpoint:
+    """The HTTP server of a Prometheus scrape endpoint, as something a failed set-up shuts down."""
+
+    def __init__(self, server: Any) -> None:
+        self._server = server
+
+    def shutdown(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
 
 
 def sdk_enabled() -> bool:

@@ -246,6 +246,28 @@ def test_a_set_up_that_fails_leaves_nothing_behind_and_a_later_one_works(receive
     assert_exported(receiver)
 
 
+def test_a_failed_set_up_frees_its_scrape_endpoint_for_the_next(receiver: Receiver, tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    setup = textwrap.dedent(f"""
+        import os, urllib.request
+        import otel_llm
+        os.environ["OTEL_METRICS_EXEMPLAR_FILTER"] = "bogus"
+        otel_llm.instrument()
+        os.environ["OTEL_METRICS_EXEMPLAR_FILTER"] = "trace_based"
+        otel_llm.instrument()
+        def scrape():
+            body = urllib.request.urlopen("http://127.0.0.1:{port}/metrics").read().decode()
+            print("scraped", "gen_ai_client_operation_duration_seconds_count" in body)
+    """)
+    env = {**otlp_env(receiver), "OTEL_METRICS_EXPORTER": "prometheus", "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1",
+           "OTEL_EXPORTER_PROMETHEUS_PORT": str(port)}
+    result, _ = launch([sys.executable], setup, env, tmp_path, after="scrape()")
+    assert result.stdout.split() == ["Hi!", "scraped", "True"]
+    assert "cannot serve Prometheus metrics" not in result.stderr
+
+
 def test_an_unsupported_otlp_protocol_is_named_once_and_http_protobuf_used(receiver: Receiver,
                                                                              tmp_path: Path) -> None:
     env = {**otlp_env(receiver), "OTEL_EXPORTER_OTLP_PROTOCOL": "gprc"}
