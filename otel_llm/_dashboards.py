@@ -666,12 +666,15 @@ def main_dashboards(argv: Sequence[str] | None = None) -> int:
     directory: Path = arguments.output_dir
     if arguments.check:
         stale = [name for name, text in rendered.items()
-                 if not (directory / name).is_file() or (directory / name).read_text(encoding="utf-8") != text]
+                 if not (directory / name).is_file() or (directory / name).read_bytes() != text.encode()]
         for name in stale:
             print(f"{directory / name} differs from the generated dashboard; regenerate with "
                   f"otel-llm dashboards -o {directory}", file=sys.stderr)
         return 1 if stale else 0
-    directory.mkdir(parents=True, exist_ok=True)
-    for name, text in rendered.items():
-        (directory / name).write_text(text, encoding="utf-8")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, text in rendered.items():
+            (directory / name).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        parser.error(f"--output-dir {directory}: {exc.strerror or exc}")
     return 0

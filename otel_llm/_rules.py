@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -136,11 +137,14 @@ class RuleConfig:
                 f"regression_offset {self.regression_offset} is shorter than regression_window "
                 f"{self.regression_window}: the two windows would overlap"
             )
-        if not self.regression_ratio > 1:
-            raise ValueError(f"regression_ratio must be above 1, got {self.regression_ratio}")
+        if not 1 < self.regression_ratio < math.inf:
+            raise ValueError(f"regression_ratio must be a finite number above 1, got {self.regression_ratio}")
+        if number(self.regression_ratio) == "1":
+            raise ValueError(f"regression_ratio {self.regression_ratio} is 1 to the 12 digits the rules are written "
+                             "with: it must be above 1")
         for name in ("regression_min_increase", "tpot_min_increase"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name} must be zero or more seconds, got {getattr(self, name)}")
+            if not 0 <= getattr(self, name) < math.inf:
+                raise ValueError(f"{name} must be a finite number of seconds, zero or more, got {getattr(self, name)}")
         for name in ("regression_min_requests", "slo_min_requests", "outcome_min_requests"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -533,7 +537,7 @@ def main_rules(argv: Sequence[str] | None = None) -> int:
     if arguments.check:
         if output is None:
             parser.error("--check needs --output FILE")
-        if not output.is_file() or output.read_text(encoding="utf-8") != text:
+        if not output.is_file() or output.read_bytes() != text.encode():
             print(f"{output} differs from the rendered rules; regenerate with otel-llm rules -o {output}",
                   file=sys.stderr)
             return 1
@@ -541,6 +545,9 @@ def main_rules(argv: Sequence[str] | None = None) -> int:
     if output is None:
         sys.stdout.write(text)
     else:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text, encoding="utf-8")
+        try:
+            output.parent.mkdir(parents=True, exist_ok=True)
+            output.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            parser.error(f"--output {output}: {exc.strerror or exc}")
     return 0

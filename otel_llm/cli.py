@@ -36,6 +36,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TextIO
+from urllib.parse import urlsplit
 
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricReader, PeriodicExportingMetricReader
@@ -203,7 +204,19 @@ def _base_url(text: str) -> str:
     if not re.match(r"https?://[^/\s]+", text):
         raise argparse.ArgumentTypeError(f"expected an http:// or https:// URL such as http://localhost:8000/v1, "
                                          f"got {text!r}")
+    try:
+        port = urlsplit(text).port
+    except ValueError as exc:  # a port out of 0-65535, or not a number
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from exc
+    if port == 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: port 0 cannot be connected to")
     return text.rstrip("/")
+
+
+def _port(text: str) -> int:
+    if not text.strip().isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, got {text!r}")
+    return int(text)
 
 
 def _parser() -> _Parser:
@@ -265,7 +278,7 @@ def _parser() -> _Parser:
 
 
 def _add_export_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--prometheus-port", type=_positive_int, metavar="PORT",
+    parser.add_argument("--prometheus-port", type=_port, metavar="PORT",
                         help="serve the metrics for Prometheus on this port (all interfaces, /metrics) and keep "
                              "serving after the run until Ctrl-C or --linger")
     parser.add_argument("--linger", type=_seconds, metavar="SECONDS",
@@ -399,8 +412,8 @@ def _linger(options: argparse.Namespace, out: TextIO) -> None:
     until = "Ctrl-C" if options.linger is None else f"Ctrl-C or {_hms(options.linger)}"
     print(f"\nserving the metrics at http://localhost:{options.prometheus_port}/metrics until {until}", file=out,
           flush=True)
-    with suppress(KeyboardInterrupt):
-        threading.Event().wait(options.linger)
+    with suppress(KeyboardInterrupt):  # longer than a lock can wait is as good as until Ctrl-C
+        threading.Event().wait(None if options.linger is None else min(options.linger, threading.TIMEOUT_MAX))
 
 
 # --- running levels -------------------------------------------------------------------------------------------
@@ -672,6 +685,8 @@ def _bench(options: argparse.Namespace) -> int:
         _require("matplotlib", "--plot")
         if not options.plot.parent.is_dir():
             raise _UsageError(f"--plot {options.plot}: the directory {options.plot.parent} does not exist")
+        if options.plot.is_dir():
+            raise _UsageError(f"--plot {options.plot}: a directory; give a file name, such as {options.plot}/bench.png")
     _check_export_options(options)
     from otel_llm._loadgen import EndpointProblem, Workload, make_client, preflight
 

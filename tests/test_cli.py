@@ -425,6 +425,8 @@ def test_malformed_stream(body: bytes, expected: str) -> None:
     ("--concurrency", "0,4", "argument --concurrency: expected positive whole numbers separated by commas"),
     ("--concurrency", "four", "argument --concurrency: expected positive whole numbers separated by commas"),
     ("--base-url", "localhost:8000", "argument --base-url: expected an http:// or https:// URL"),
+    ("--base-url", "http://localhost:99999/v1", "argument --base-url: 'http://localhost:99999/v1': Port out of range"),
+    ("--prometheus-port", "70000", "argument --prometheus-port: expected a port number from 1 to 65535"),
 ])
 def test_bad_option_values(option: str, value: str, expected: str) -> None:
     args = {"--base-url": "http://127.0.0.1:9/v1", "--model": "m", option: value}
@@ -440,6 +442,12 @@ def test_plot_without_matplotlib(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
     assert status == EXIT_USAGE
     assert_one_line(err, "--plot needs matplotlib: pip install 'otel-llm[plot]'")
     assert not (tmp_path / "chart.png").exists()
+
+
+def test_plot_into_a_directory_is_refused_before_any_request(tmp_path: Path) -> None:
+    status, _, err = run("bench", "--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--plot", str(tmp_path))
+    assert status == EXIT_USAGE
+    assert_one_line(err, f"--plot {tmp_path}: a directory; give a file name")
 
 
 def test_linger_without_a_prometheus_port() -> None:

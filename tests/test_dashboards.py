@@ -452,3 +452,11 @@ def test_grafana_provisioning_links_exemplars_to_tempo_and_loads_the_dashboards(
     loaded = _host_path("grafana", providers[0]["options"]["path"])
     assert loaded == DASHBOARDS.resolve()
     assert sorted(p.name for p in loaded.glob("*.json")) == sorted(render_dashboards())
+
+
+def test_an_output_directory_that_cannot_be_made_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "taken").write_text("a file, not a directory")
+    with pytest.raises(SystemExit) as exit_info:
+        main_dashboards(["-o", str(tmp_path / "taken")])
+    assert exit_info.value.code == 2
+    assert f"otel-llm dashboards: error: --output-dir {tmp_path / 'taken'}: " in capsys.readouterr().err

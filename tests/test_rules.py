@@ -3,6 +3,7 @@ in grafana/alerts/tests prove what each alert means (DESIGN.md section 6)."""
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -187,7 +188,10 @@ def test_defaults_are_the_design_contract() -> None:
     ({"slo_threshold": 100.0}, r"nearest edges: 60$"),
     ({"slo_target": 1.0}, "slo_target must lie strictly between 0 and 1"),
     ({"slo_target": 0.9}, r"burn factor 14.4 with slo_target 0.9 would need 144% slow requests"),
-    ({"regression_ratio": 1.0}, "regression_ratio must be above 1"),
+    ({"regression_ratio": 1.0}, "regression_ratio must be a finite number above 1"),
+    ({"regression_ratio": math.inf}, "regression_ratio must be a finite number above 1, got inf"),
+    ({"regression_ratio": 1.0000000000001}, "is 1 to the 12 digits the rules are written with"),
+    ({"regression_min_increase": math.inf}, "regression_min_increase must be a finite number of seconds"),
     ({"regression_window": "30 minutes"}, "regression_window: '30 minutes' is not a Prometheus duration"),
     ({"regression_window": "2d"}, "regression_offset 1d is shorter than regression_window 2d"),
     ({"regression_min_requests": 0}, "regression_min_requests must be a whole number"),
@@ -224,6 +228,24 @@ def test_main_rules_prints_writes_and_checks(tmp_path: Path, capsys: pytest.Capt
     assert main_rules(["--ratio", "2", "--window", "1h", "--min-requests", "300", "--slo-threshold", "5",
                        "--slo-target", "0.999", "-o", str(out), "--check"]) == 0
     assert main_rules(["-o", str(out), "--check"]) == 1
+    assert "differs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("output", ["a directory", "missing/parent/is/a/file/rules.yml"])
+def test_main_rules_names_an_output_it_cannot_write(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                    output: str) -> None:
+    (tmp_path / "a directory").mkdir()
+    (tmp_path / "missing").write_text("a file where a directory would go")
+    with pytest.raises(SystemExit) as exit_info:
+        main_rules(["-o", str(tmp_path / output)])
+    assert exit_info.value.code == 2
+    assert f"otel-llm rules: error: --output {tmp_path / output}: " in capsys.readouterr().err
+
+
+def test_main_rules_check_of_a_file_that_is_not_text_says_it_differs(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "rules.yml").write_bytes(b"\xff\xfe not UTF-8")
+    assert main_rules(["-o", str(tmp_path / "rules.yml"), "--check"]) == 1
     assert "differs" in capsys.readouterr().err
 
 
