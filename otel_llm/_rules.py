@@ -152,7 +152,7 @@ class RuleConfig:
         if self.slo_threshold not in sc.LATENCY_BUCKETS:
             below = [b for b in sc.LATENCY_BUCKETS if b < self.slo_threshold]
             above = [b for b in sc.LATENCY_BUCKETS if b > self.slo_threshold]
-            near = ", ".join(number(b) for b in (below[-1:] + above[:1]))
+            near = ", ".join(number(b) for b in (below[-1:] + above[:1])) or ", ".join(map(number, sc.LATENCY_BUCKETS))
             raise ValueError(
                 f"slo_threshold {number(self.slo_threshold)} s is not a bucket edge of the latency histograms "
                 f"(_semconv.LATENCY_BUCKETS), so no query can count requests under it exactly; nearest edges: {near}"

@@ -186,6 +186,7 @@ def test_defaults_are_the_design_contract() -> None:
     ({"slo_threshold": 1.9}, r"slo_threshold 1.9 s is not a bucket edge of the latency histograms .* nearest edges: "
                              + _rules.number(max(b for b in sc.LATENCY_BUCKETS if b < 1.9)) + ", 2$"),
     ({"slo_threshold": 100.0}, r"nearest edges: 60$"),
+    ({"slo_threshold": math.nan}, r"slo_threshold nan s is not a bucket edge .* nearest edges: 0.02, .*, 60$"),
     ({"slo_target": 1.0}, "slo_target must lie strictly between 0 and 1"),
     ({"slo_target": 0.9}, r"burn factor 14.4 with slo_target 0.9 would need 144% slow requests"),
     ({"regression_ratio": 1.0}, "regression_ratio must be a finite number above 1"),
