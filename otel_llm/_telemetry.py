@@ -151,7 +151,7 @@ class Telemetry:
         """At exit, before the providers shut down: every operation still held unfinished ends as abandoned where
         it was last active (without error where its response was complete), and is written."""
         for op in list(self._pending.values()):
-            if op.close(*op.stopped_by_caller(op.last_activity(), sc.ERROR_ABANDONED)):
+            if self._close_abandoned(op):
                 self._write(op, None)
 
     def abandon(self, op: Operation) -> None:
@@ -160,8 +160,13 @@ class Telemetry:
         any allocation, also where this thread holds a lock of the SDK's or ours, so the span and points are written
         later, on a clean stack (the next operation or collection). Not at all while the interpreter shuts down:
         the providers are shut down by then."""
-        if not sys.is_finalizing() and op.close(*op.stopped_by_caller(op.last_activity(), sc.ERROR_ABANDONED)):
+        if not sys.is_finalizing() and self._close_abandoned(op):
             _LATER.append((self, op, None))
+
+    @staticmethod
+    def _close_abandoned(op: Operation) -> bool:
+        """Close an operation nobody finished where it was last active; True only the first time."""
+        return op.close(*op.stopped_by_caller(op.last_activity(), sc.ERROR_ABANDONED))
 
     def _write(self, op: Operation, exception: BaseException | None) -> None:
         """Span, metrics and event each on their own: a span processor that raises must not cost the histograms.

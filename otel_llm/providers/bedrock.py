@@ -513,11 +513,7 @@ class _NoSocket:
     """The path botocore's StreamingBody.set_socket_timeout takes to urllib3's socket (``_fp.fp.raw._sock``)."""
 
     def __init__(self) -> None:
-        self.fp = self.raw = self
-
-    @property
-    def _sock(self) -> _NoSocket:
-        return self
+        self.fp = self.raw = self._sock = self
 
     def settimeout(self, timeout: float | None) -> None:
         pass
