@@ -80,6 +80,9 @@ class Operation(_WeaklyReferable):
     rate_limits_ns: int = 0
     # further span attributes the response told (named via _semconv by the adapter), e.g. the provider's own latency
     attributes: dict[str, Any] = field(default_factory=dict)
+    # proxies around it the caller may hold (a stream, a streaming response, a copy of either): the last one
+    # dropped unfinished abandons it
+    holders: int = 0
     # outcome
     error_type: str | None = None
     end_ns: int = 0

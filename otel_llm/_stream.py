@@ -9,6 +9,7 @@ They subclass wrapt's proxy so ``isinstance(proxy, openai.Stream)`` and every SD
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from array import array
 from collections.abc import Awaitable, Callable, Iterator
@@ -152,15 +153,51 @@ def _gaps(op: Operation) -> array[int]:
     return op.gaps_ns
 
 
-class _StreamLifecycle(wrapt.ObjectProxy[Any]):
-    """State and finish paths shared by the sync and async proxies; they differ only in the I/O step.
-    Per-chunk state lives in locals of closures: attribute access on a proxy costs more than on a plain object."""
+class _Holder(wrapt.ObjectProxy[Any]):
+    """A proxy the caller holds while its operation goes on: the last one dropped unfinished abandons it. A copy
+    (``copy.copy``) is the client's shallow copy, which shares the response and the chunks, in a proxy that shares
+    the operation; a deep copy is the client's (it refuses one of a stream: the response holds locks)."""
+
+    _self_shared: tuple[str, ...] = ()  # what a copy shares with the proxy it was made from
 
     def __init__(self, wrapped: Any, op: Operation, telemetry: Telemetry) -> None:
         super().__init__(wrapped)
         self._self_op = op
         self._self_telemetry = telemetry
+        op.holders += 1
         telemetry.outlives(op)
+
+    def __copy__(self) -> Any:
+        wrapped = copy.copy(self.__wrapped__)  # first: what it raises is the client's, with no twin half made
+        twin = type(self).__new__(type(self))
+        wrapt.ObjectProxy.__init__(twin, wrapped)
+        for name in ("_self_op", "_self_telemetry", *self._self_shared):
+            setattr(twin, name, getattr(self, name))
+        self._self_op.holders += 1
+        return twin
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        return copy.deepcopy(self.__wrapped__, memo)
+
+    def __repr__(self) -> str:
+        return repr(self.__wrapped__)  # as the caller would see it without us (wrapt's names the proxy)
+
+    def __del__(self) -> None:
+        try:
+            op = self._self_op
+            op.holders -= 1
+            if not op.holders and not op.finished:  # nobody finished it
+                self._self_telemetry.abandon(op)
+        except Exception:
+            report_failure("finalizer")
+
+
+class _StreamLifecycle(_Holder):
+    """State and finish paths shared by the sync and async proxies; they differ only in the I/O step, which a copy
+    shares. Per-chunk state lives in locals of closures: attribute access on a proxy costs more than on a plain
+    object."""
+
+    _self_shared = ("_self_next",)
 
     def _self_closed(self) -> None:
         """The consumer closed the stream; before its end, and before the response was complete, that is a
@@ -168,17 +205,6 @@ class _StreamLifecycle(wrapt.ObjectProxy[Any]):
         op = self._self_op
         end_ns, error_type = op.stopped_by_caller(time.perf_counter_ns(), sc.ERROR_CANCELLED)
         self._self_telemetry.finish(op, error_type, end_ns)
-
-    def __repr__(self) -> str:
-        return repr(self.__wrapped__)  # as the caller would see the stream without us (wrapt's names the proxy)
-
-    def __del__(self) -> None:
-        try:
-            op = self._self_op
-            if not op.finished:  # nobody closed it
-                self._self_telemetry.abandon(op)
-        except Exception:
-            report_failure("stream finalizer")
 
 
 class StreamProxy(_StreamLifecycle):
@@ -290,13 +316,16 @@ def closed_by_helper(raw_stream: object) -> None:
         raw_stream._self_closed()
 
 
-class _ResponseLifecycle(wrapt.ObjectProxy[Any]):
+class _ResponseLifecycle(_Holder):
+    """A raw or streaming response whose body is parsed (into a stream, or the final object) or read later. One
+    dropped with its body read by the caller itself, to its end or cut off (the HTTP library closes it either way),
+    is abandoned: nothing here tells which."""
+
+    _self_shared = ("_self_adopt", "_self_read_error", "_self_parsed")
+
     def __init__(self, wrapped: Any, op: Operation, telemetry: Telemetry, adopt: Adopt,
                  read_error: ReadError) -> None:
-        super().__init__(wrapped)
-        self._self_op = op
-        self._self_telemetry = telemetry
-        telemetry.outlives(op)
+        super().__init__(wrapped, op, telemetry)
         self._self_adopt = adopt
         self._self_read_error = read_error
         self._self_parsed: tuple[Any, Any] | None = None
@@ -327,19 +356,6 @@ class _ResponseLifecycle(wrapt.ObjectProxy[Any]):
         else:
             # the body was read raw or not at all: what was measured is the duration
             self._self_telemetry.finish(self._self_op)
-
-    def __repr__(self) -> str:
-        return repr(self.__wrapped__)
-
-    def __del__(self) -> None:
-        try:
-            op = self._self_op
-            if not op.finished and self._self_parsed is None:
-                # a body the caller read itself, to its end or cut off (the HTTP library closes it either way):
-                # nothing here tells which
-                self._self_telemetry.abandon(op)
-        except Exception:
-            report_failure("response finalizer")
 
 
 class ResponseProxy(_ResponseLifecycle):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import copy
 import gc
 import io
 import itertools
@@ -881,6 +882,23 @@ def test_a_stream_shows_botocores_own_repr(otel: Captured) -> None:
         assert re.fullmatch(r"<botocore\.eventstream\.EventStream object at 0x[0-9a-f]+>", repr(stream))
         assert len(list(stream)) == 7
     otel.assert_finished(None)
+
+
+def test_a_copy_of_a_stream_reads_on_in_the_same_operation(otel: Captured) -> None:
+    """copy.copy() of botocore's EventStream shares its events: what is read through the copy is the same stream."""
+    with bedrock([wb.stream_reply(CONVERSE_STREAM.events(TOKENS, USAGE, None))]) as (client, _):
+        stream = client.converse_stream(modelId=MODEL, messages=MESSAGES)["stream"]
+        first = next(iter(stream))
+        twin = copy.copy(stream)
+        assert isinstance(twin, EventStream) and twin is not stream
+        del stream
+        gc.collect()
+        assert otel.spans() == []
+        events = [first, *twin]
+        assert len(events) == 7
+        assert [e["contentBlockDelta"]["delta"]["text"] for e in events if "contentBlockDelta" in e] == TOKENS
+    otel.assert_finished(None)
+    assert attributes(otel.span())[sc.CONTENT_CHUNKS] == 3
 
 
 def test_a_suppressed_call_gets_botocores_own_objects(otel: Captured) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import gc
 import re
 import subprocess
@@ -93,6 +94,55 @@ def test_a_stream_held_only_by_the_loop_reading_it_is_not_abandoned(otel: Captur
         gc.collect()
         read += 1
     assert read == 6
+    otel.assert_finished(None)
+
+
+@pytest.mark.parametrize("kept", ["copy", "original"])
+def test_a_copy_of_a_stream_reads_on_in_the_same_operation(otel: Captured, kept: str) -> None:
+    """copy.copy() is the client's shallow copy: the same response, the same chunks. What is read through either is
+    one operation, not abandoned while either is held, finished once."""
+    client, _ = sync_client(server())
+    stream = client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    read = [next(stream)]
+    twin = copy.copy(stream)
+    assert isinstance(twin, openai.Stream) and twin is not stream and twin.response is stream.response
+    assert re.fullmatch(r"<openai\.Stream object at 0x[0-9a-f]+>", repr(twin))
+    with pytest.raises(TypeError, match="pickle"):  # as the client's own stream: its response holds locks
+        copy.deepcopy(stream)
+    if kept == "copy":
+        del stream
+    else:
+        del twin
+        twin = stream
+    gc.collect()
+    assert otel.spans() == []
+    read += list(twin)
+    assert [chunk.choices[0].delta.content for chunk in read if chunk.choices][1:5] == TOKENS
+    otel.assert_finished(None)
+    assert attributes(otel.span())[sc.CONTENT_CHUNKS] == 4
+
+
+def test_a_stream_and_its_copy_both_dropped_are_abandoned_once(otel: Captured) -> None:
+    client, _ = sync_client(server(delays=[0, 0.02]))
+    stream = client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    next(stream)
+    twin = copy.copy(stream)
+    next(twin)  # the first token
+    del stream
+    gc.collect()
+    otel.metrics()  # writes what was abandoned: nothing yet
+    assert otel.spans() == []
+    del twin
+    gc.collect()
+    otel.assert_abandoned_at_first_token()
+
+
+def test_a_copy_of_a_streaming_response_parses_the_same_stream(otel: Captured) -> None:
+    client, _ = sync_client(server())
+    with client.chat.completions.with_streaming_response.create(model="m", messages=MESSAGES, stream=True) as raw:
+        twin = copy.copy(raw)
+        assert isinstance(twin, openai.APIResponse) and twin is not raw
+        assert len(list(twin.parse())) == 6
     otel.assert_finished(None)
 
 
@@ -615,6 +665,23 @@ def test_an_async_stream_held_only_by_the_loop_reading_it_is_not_abandoned(otel:
         return read
 
     assert asyncio.run(main()) == 6
+    otel.assert_finished(None)
+
+
+def test_a_copy_of_an_async_stream_reads_on_in_the_same_operation(otel: Captured) -> None:
+    client, _ = async_client(server())
+
+    async def main() -> int:
+        stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+        await anext(stream)
+        twin = copy.copy(stream)
+        assert isinstance(twin, openai.AsyncStream) and twin is not stream
+        del stream
+        gc.collect()
+        assert otel.spans() == []
+        return len([chunk async for chunk in twin])
+
+    assert asyncio.run(main()) == 5
     otel.assert_finished(None)
 
 

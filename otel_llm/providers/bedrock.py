@@ -12,6 +12,7 @@ Titan and Nova, Cohere (generate and chat), Mistral (completions and chat). Bedr
 
 from __future__ import annotations
 
+import copy
 import inspect
 import io
 import json
@@ -488,6 +489,9 @@ class _EventIterator(wrapt.ObjectProxy[Any]):
 
     def __next__(self) -> Any:
         return next(self._self_events)
+
+    def __copy__(self) -> Any:
+        return copy.copy(self.__wrapped__)  # a copy of the stream proxy steps through the proxy's own step
 
     def __repr__(self) -> str:
         return repr(self.__wrapped__)
