@@ -654,6 +654,26 @@ def test_closing_an_async_iterator_of_the_stream_closes_only_the_iterator(otel: 
     otel.assert_finished(None)
 
 
+def test_an_async_iterator_of_the_stream_takes_asend_and_athrow_as_the_clients_does(otel: Captured) -> None:
+    """asend() steps it; athrow() raises there and ends that iterator only: the caller reads on from the stream."""
+    client, _ = async_client(server())
+
+    async def main() -> tuple[int, int, int]:
+        stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+        chunks = aiter(stream)
+        await chunks.asend(None)
+        await chunks.asend(None)
+        error = KeyError("caller's")
+        with pytest.raises(KeyError) as raised:
+            await chunks.athrow(error)
+        assert raised.value is error
+        await chunks.athrow(ValueError)  # ended: nothing more is raised
+        return len([chunk async for chunk in chunks]), len([chunk async for chunk in stream]), len(otel.spans())
+
+    assert asyncio.run(main()) == (0, 4, 1)
+    otel.assert_finished(None)
+
+
 def test_an_async_stream_held_only_by_the_loop_reading_it_is_not_abandoned(otel: Captured) -> None:
     client, _ = async_client(server())
 
