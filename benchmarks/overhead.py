@@ -19,7 +19,9 @@ Three views, all in this thread's CPU time (other processes on a shared 2-core m
    (OTEL_LLM_STREAM_USAGE=false), and both. Each run checks that its configuration took effect.
 4. The floor, as in 1 but without otel_llm: the client's own requests against the same requests each inside one SDK
    span (started with the five attributes that name a GenAI operation, ended once the response is read). The least
-   that any instrumentation recording a span adds here, before it measures or records anything.
+   that any instrumentation recording a span adds here, before it measures or records anything. And for a
+   non-streamed call, the least a conforming one adds: that span with the response's attributes, and the duration
+   and token counts recorded through the SDK's public API.
 
 Telemetry goes to a real SDK pipeline: a TracerProvider with a BatchSpanProcessor (exporter dropping spans) and a
 MeterProvider with an in-memory reader. Our histogram values wait in a batch until a reader collects; the work of
@@ -135,8 +137,8 @@ def run_sync_stream(client: openai.OpenAI, create: Callable[..., Any] | None = N
         pass
 
 
-def run_plain(client: openai.OpenAI, create: Callable[..., Any] | None = None) -> None:
-    (create or client.chat.completions.create)(model="gpt-4o-mini", messages=MESSAGES)
+def run_plain(client: openai.OpenAI, create: Callable[..., Any] | None = None) -> Any:
+    return (create or client.chat.completions.create)(model="gpt-4o-mini", messages=MESSAGES)
 
 
 async def run_async_stream(client: openai.AsyncOpenAI, create: Callable[..., Any] | None = None) -> None:
@@ -243,6 +245,40 @@ def span_floor(workload: Workload) -> tuple[float, float, float, float]:
 
     try:
         return _summary(_alternate(workload, in_a_span_async if workload.is_async else in_a_span, lambda: 0))
+    finally:
+        tracer_provider.shutdown()
+
+
+def minimal_floor(workload: Workload) -> tuple[float, float, float, float]:
+    """As ``span_floor`` for a non-streamed call, with what the least conforming instrumentation records too: the
+    span's response attributes (id, model, finish reasons, token counts) and the duration and the two token counts
+    through the SDK's public ``Histogram.record()``. No context made current, no headers, no prompt length."""
+    tracer_provider, meter_provider, _ = _pipeline()
+    tracer, meter = tracer_provider.get_tracer("floor"), meter_provider.get_meter("floor")
+    duration = meter.create_histogram("gen_ai.client.operation.duration", unit="s")
+    tokens = meter.create_histogram("gen_ai.client.token.usage", unit="{token}")
+    attributes: dict[str, AttributeValue] = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai",
+                                             "gen_ai.request.model": "gpt-4o-mini",
+                                             "server.address": "api.openai.com", "server.port": 443}
+
+    def recorded(run: Callable[..., Any], client: Any, bare: Callable[..., Any]) -> Any:
+        span = tracer.start_span("chat gpt-4o-mini", kind=SpanKind.CLIENT, attributes=attributes)
+        start = time.perf_counter()
+        completion = run(client, bare)
+        usage = completion.usage
+        span.set_attributes({"gen_ai.response.id": completion.id, "gen_ai.response.model": completion.model,
+                             "gen_ai.response.finish_reasons": [choice.finish_reason for choice in completion.choices],
+                             "gen_ai.usage.input_tokens": usage.prompt_tokens,
+                             "gen_ai.usage.output_tokens": usage.completion_tokens})
+        recorded_attributes = {**attributes, "gen_ai.response.model": completion.model}
+        duration.record(time.perf_counter() - start, recorded_attributes)
+        tokens.record(usage.prompt_tokens, {**recorded_attributes, "gen_ai.token.type": "input"})
+        tokens.record(usage.completion_tokens, {**recorded_attributes, "gen_ai.token.type": "output"})
+        span.end()
+        return completion
+
+    try:
+        return _summary(_alternate(workload, recorded, lambda: 0))
     finally:
         tracer_provider.shutdown()
 
@@ -561,11 +597,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             figures.append("(streams only)")
         print(f"{configuration.name:<34} {figures[0]:>18} {figures[1]:>18}")
 
-    print("\n4. the floor, measured as in 1 without otel_llm: the client inside one SDK span (five attributes)")
+    print("\n4. the floor, measured as in 1 without otel_llm: the client inside one SDK span (five attributes); and\n"
+          "   a non-streamed call with the least a conforming instrumentation records: that span with the response's\n"
+          "   attributes, and duration and token counts through the SDK's Histogram.record()")
     print(f"{'workload':<34} {'off us/req':>11} {'on us/req':>11} {'+us/req':>9} {'moves':>8}")
-    for workload in (stream_16, plain_call):
-        off_us, on_us, delta, spread = span_floor(workload)
-        print(f"{'span alone, ' + workload.name:<34} {off_us:>11.1f} {on_us:>11.1f} {delta:>+9.1f} {spread:>8.1f}")
+    for name, floor, workload in (("span alone, ", span_floor, stream_16), ("span alone, ", span_floor, plain_call),
+                                  ("span and 3 records, ", minimal_floor, plain_call)):
+        off_us, on_us, delta, spread = floor(workload)
+        print(f"{name + workload.name:<34} {off_us:>11.1f} {on_us:>11.1f} {delta:>+9.1f} {spread:>8.1f}")
 
     requests = args.memory_requests or (2_000 if args.quick else 20_000)
     before, after = memory_growth(requests)

@@ -31,6 +31,8 @@ def test_overhead_benchmark_prints_every_figure() -> None:
     # the floor: the client inside one bare SDK span, otel_llm not installed
     for workload in ("stream 16 chunks", "non-streaming"):
         assert re.search(rf"^span alone, {workload}(\s+{NUMBER}){{4}}$", out, re.M), out
+    # and the least a conforming instrumentation records: that span with the response's attributes, three records
+    assert re.search(rf"^span and 3 records, non-streaming(\s+{NUMBER}){{4}}$", out, re.M), out
     for figure in ("chunk path \\(SDK -> caller\\)", "per chunk in total", "fixed per streamed request",
                    "non-streaming request"):
         assert re.search(rf"^{figure}: {NUMBER} us", out, re.M), out
