@@ -71,6 +71,9 @@ class Operation(_WeaklyReferable):
     cache_creation_tokens: int | None = None
     reasoning_tokens: int | None = None
     reasoning_streamed: bool = False  # reasoning text came in the stream: its tokens are among those streamed
+    # content chunks at the stream's start that summarize reasoning whose own tokens never stream (OpenAI's
+    # reasoning summaries): the model reasons unseen after them, so the answer's time per token is timed from after
+    summary_chunks: int = 0
     finished_choices: set[int] | None = None  # of a stream's choices, those finished (by index)
     output: Output | None = None  # gathered only when content capture is on
     retries: int = 0

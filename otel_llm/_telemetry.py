@@ -565,12 +565,15 @@ def _time_per_output_token(op: Operation) -> float | None:
     """True TPOT: the spread of content chunks over the streamed tokens after the first; unknown without a token
     count, and with one content chunk (however many tokens it holds, their spread in time cannot be seen). Reasoning
     tokens a model keeps to itself (counted in OpenAI's output tokens) never reach the stream."""
-    tokens = op.output_tokens
+    tokens, chunks, first_ns = op.output_tokens, op.content_chunks, op.first_content_ns
     if tokens is not None and op.reasoning_tokens and not op.reasoning_streamed:
         tokens -= op.reasoning_tokens
-    if not op.request.stream or tokens is None or tokens < 2 or op.content_chunks < 2:
+        if op.summary_chunks and op.gaps_ns is not None:  # timed from the answer's first chunk
+            chunks -= op.summary_chunks
+            first_ns += sum(op.gaps_ns[:op.summary_chunks])
+    if not op.request.stream or tokens is None or tokens < 2 or chunks < 2:
         return None
-    return (op.last_content_ns - op.first_content_ns) / _NS / (tokens - 1)
+    return (op.last_content_ns - first_ns) / _NS / (tokens - 1)
 
 
 def _content_attributes(op: Operation) -> dict[str, str]:

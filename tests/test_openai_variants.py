@@ -267,6 +267,64 @@ def _responses_events(*events: tuple[str, dict[str, Any]]) -> list[bytes]:
             enumerate(events)]
 
 
+_ANSWER_AT = {"item_id": wire.MESSAGE_ID, "output_index": 1, "content_index": 0}
+
+
+def _reasoned_answer(summary: bool, answer: list[str], usage: wire.Usage) -> list[bytes]:
+    """A reasoning model's Responses stream: a reasoning item (with a streamed summary, or none), then the answer."""
+    summary_at = {"item_id": "rs_1", "output_index": 0, "summary_index": 0}
+    reasoning = {"id": "rs_1", "type": "reasoning", "summary": [{"type": "summary_text", "text": "Sum."}] if summary
+                 else []}
+    message = wire._message_item("".join(answer))
+    return _responses_events(
+        ("response.created", {"response": wire._response("resp_r", "o4-mini", "in_progress", [], None)}),
+        ("response.output_item.added", {"output_index": 0, "item": {**reasoning, "summary": []}}),
+        *([("response.reasoning_summary_text.delta", {**summary_at, "delta": "Sum."})] if summary else []),
+        ("response.output_item.done", {"output_index": 0, "item": reasoning}),
+        ("response.output_item.added", {"output_index": 1, "item": {**message, "status": "in_progress",
+                                                                    "content": []}}),
+        *[("response.output_text.delta", {**_ANSWER_AT, "delta": token, "logprobs": []}) for token in answer],
+        ("response.completed", {"response": wire._response("resp_r", "o4-mini", "completed", [reasoning, message],
+                                                           usage)}),
+    )
+
+
+@pytest.mark.parametrize("summary", [False, True], ids=["no summary", "summary streamed"])
+def test_responses_time_per_output_token_is_the_answers_own_after_unseen_reasoning(otel: Captured,
+                                                                                    summary: bool) -> None:
+    """A reasoning summary streams first and shows the model at work (TTFT is its first delta); then the model
+    reasons unseen for 200 ms, 100 reasoning tokens that never stream. The answer's five tokens, 10 ms apart, are
+    what TPOT times."""
+    usage = wire.Usage(input=10, output=105, reasoning=100)
+    delays = [0, 0, 0, 0.2, 0, 0, 0.01, 0.01, 0.01, 0.01] if summary else [0, 0, 0.2, 0, 0, 0.01, 0.01, 0.01, 0.01]
+    client, _ = sync_client([wire.Reply.stream(_reasoned_answer(summary, list("abcde"), usage), delays=delays)])
+    list(client.responses.create(model="o4-mini", input="2+2?", stream=True))
+    attrs = attributes(otel.span())
+    assert attrs[sc.CONTENT_CHUNKS] == 5 + summary
+    assert attrs[sc.TIME_PER_OUTPUT_TOKEN] == pytest.approx(0.01, abs=0.004)
+    assert (attrs[sc.RESPONSE_TIME_TO_FIRST_CHUNK] < 0.1) is summary
+
+
+@pytest.mark.parametrize("event, data", [
+    ("response.shell_call_command.delta", {"output_index": 0, "delta": "ls -la"}),
+    ("response.output_text.delta", {**_ANSWER_AT, "delta": "x", "logprobs": []}),
+], ids=["shell command", "text"])
+def test_responses_first_token_is_the_first_non_empty_output_delta(otel: Captured, event: str,
+                                                                   data: dict[str, Any]) -> None:
+    """An empty text delta, which a server may open with, carries no token; the model writing a shell call does."""
+    events = _responses_events(
+        ("response.created", {"response": wire._response("resp_1", "gpt-5", "in_progress", [], None)}),
+        ("response.output_text.delta", {**_ANSWER_AT, "delta": "", "logprobs": []}),
+        (event, data),
+        ("response.completed", {"response": wire._response("resp_1", "gpt-5", "completed", [], USAGE)}),
+    )
+    client, _ = sync_client([wire.Reply.stream(events, delays=[0, 0, 0.05])])
+    list(client.responses.create(model="gpt-5", input="hello", stream=True))
+    attrs = attributes(otel.span())
+    assert attrs[sc.CONTENT_CHUNKS] == 1
+    assert attrs[sc.RESPONSE_TIME_TO_FIRST_CHUNK] >= 0.05
+
+
 def _stop_at_completed_in_a_with_block(client: openai.OpenAI) -> None:
     with client.responses.create(model="gpt-4.1", input="hello", stream=True) as stream:
         for event in stream:

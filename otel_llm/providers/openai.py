@@ -64,6 +64,7 @@ _RESPONSES_CONTENT_EVENTS = frozenset({
     "response.audio.transcript.delta",
     "response.code_interpreter_call_code.delta",
     "response.mcp_call_arguments.delta",
+    "response.shell_call_command.delta",
 })
 _RESPONSES_FINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
@@ -656,8 +657,12 @@ class _Responses(_Endpoint):
     def observe(self, op: Operation, chunk: Any) -> int:
         event = chunk.type
         if event in _RESPONSES_CONTENT_EVENTS:
+            if not chunk.delta:  # an empty delta carries no token
+                return OTHER
             if event == "response.reasoning_text.delta":
                 op.reasoning_streamed = True
+            elif event == "response.reasoning_summary_text.delta" and op.summary_chunks == op.content_chunks:
+                op.summary_chunks += 1  # ahead of any other output
             return CONTENT
         if event in _RESPONSES_FINAL_EVENTS:
             _read_responses_usage(op, chunk.response)
