@@ -86,6 +86,9 @@ class Operation(_WeaklyReferable):
     # proxies around it the caller may hold (a stream, a streaming response, a copy of either): the last one
     # dropped unfinished abandons it
     holders: int = 0
+    # what the failed request authenticated with (found by the adapter on the error): redacted where an error
+    # message quotes it, never written
+    secrets: tuple[str, ...] = ()
     # outcome
     error_type: str | None = None
     end_ns: int = 0

@@ -29,6 +29,7 @@ from otel_llm import _content as ct
 from otel_llm import _semconv as sc
 from otel_llm._operation import Operation, Request
 from otel_llm._recording import _NO_EXEMPLAR, Batch, Histogram, NsPoint, Point, Series, flush_all
+from otel_llm._redact import exception_attributes
 from otel_llm._safety import report_failure
 from otel_llm._spans import set_attributes
 
@@ -243,7 +244,8 @@ class Telemetry:
             attributes[sc.ERROR_TYPE] = op.error_type
             span.set_status(Status(StatusCode.ERROR, op.error_type))
             if exception is not None and not isinstance(exception, asyncio.CancelledError):
-                span.record_exception(exception)
+                span.record_exception(exception, attributes=exception_attributes(
+                    exception, op.secrets, hide_content=not self.settings.capture_content.on_span))
         set_attributes(span, attributes)
         span.end(end_time=end_epoch_ns)
 

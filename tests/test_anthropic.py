@@ -965,6 +965,16 @@ def test_no_content_and_no_secrets_by_default(otel: Captured) -> None:
     assert API_KEY not in recorded and "x-api-key" not in recorded.lower()
 
 
+def test_a_key_the_server_quotes_in_its_error_is_not_recorded(otel: Captured) -> None:
+    client, _ = sync_client([wire.Reply.json(wa.error_body("authentication_error", f"invalid x-api-key {API_KEY}"),
+                                             status=401)])
+    with pytest.raises(anthropic.AuthenticationError, match=API_KEY):
+        client.messages.create(**REQUEST)
+    (event,) = otel.span().events
+    assert event.attributes is not None and "invalid x-api-key [REDACTED]" in str(event.attributes["exception.message"])
+    assert API_KEY not in otel.span().to_json()
+
+
 def test_uninstrument_restores_every_target_exactly(instrument: Instrument) -> None:
     originals = {target: vars(owner(target))[target.attribute.rsplit(".", 1)[-1]]
                  for target in anthropic_adapter.PROVIDER.targets}

@@ -901,6 +901,24 @@ def test_a_copy_of_a_stream_reads_on_in_the_same_operation(otel: Captured) -> No
     assert attributes(otel.span())[sc.CONTENT_CHUNKS] == 3
 
 
+def test_a_session_token_a_signature_error_quotes_is_not_recorded(otel: Captured) -> None:
+    """A SigV4 mismatch quotes the canonical request it computed, the session token among its signed headers."""
+    token = "IQoJb3JpZ2luX2VjEXAMPLESESSIONTOKEN"
+    text = ("The request signature we calculated does not match the signature you provided. The Canonical String "
+            f"for this request should have been\n'POST\n/model/m/converse\n\nhost:127.0.0.1\nx-amz-security-token:"
+            f"{token}\n\nhost;x-amz-security-token\n'")
+    with wire.LoopbackServer([wb.error_reply(403, "InvalidSignatureException", text)]) as server:
+        client = boto3.client("bedrock-runtime", endpoint_url=wb.endpoint_url(server), region_name=wb.REGION,
+                              aws_access_key_id="test", aws_secret_access_key="test", aws_session_token=token,
+                              config=botocore.config.Config(retries={"total_max_attempts": 1}))
+        with pytest.raises(ClientError, match=token):
+            client.converse(modelId=MODEL, messages=MESSAGES)
+    (event,) = otel.span().events
+    assert event.attributes is not None and "x-amz-security-token:[REDACTED]" in str(
+        event.attributes["exception.message"])
+    assert token not in otel.span().to_json()
+
+
 def test_a_suppressed_call_gets_botocores_own_objects(otel: Captured) -> None:
     replies = [wb.invoke_reply(CLAUDE.body(TOKENS, USAGE)),
                wb.stream_reply(CONVERSE_STREAM.events(TOKENS, USAGE, None))]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
+import pydantic
 import pytest
 import wire
 import wrapt
@@ -309,6 +310,40 @@ def test_no_content_and_no_secrets_by_default(otel: Captured) -> None:
     recorded += json.dumps([dict(p.attributes) for points in otel.metrics().values() for p in points])
     assert "secret plan" not in recorded and "pq" not in recorded
     assert API_KEY not in recorded and "authorization" not in recorded.lower()
+
+
+def test_a_key_the_server_quotes_in_its_error_is_not_recorded(otel: Captured) -> None:
+    """A gateway that names the key it refused: the caller's exception says so, our exception event does not."""
+    client, _ = sync_client([wire.Reply.json(wire.error_body(f"Invalid API key: {API_KEY}"), status=401)])
+    with pytest.raises(openai.AuthenticationError, match=API_KEY):
+        client.chat.completions.create(model="m", messages=MESSAGES)
+    (event,) = otel.span().events
+    assert event.attributes is not None and event.attributes["exception.type"] == "openai.AuthenticationError"
+    assert event.attributes["exception.message"] == "Error code: 401 - Invalid API key: [REDACTED]"
+    assert API_KEY not in otel.span().to_json()
+
+
+class Answer(pydantic.BaseModel):
+    diagnosis: str
+
+
+@pytest.mark.parametrize("capture", [None, "SPAN_ONLY"], ids=["capture off", "content on the span"])
+def test_an_answer_the_parser_quotes_in_its_error_is_content(instrument: Instrument, capture: str | None) -> None:
+    """pydantic's ValidationError quotes the answer it refused: with content capture off, the exception event says
+    where and why it failed, not what the answer said; with content on the span, as pydantic wrote it."""
+    captured = instrument(**({"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": capture} if capture else {}))
+    client, _ = sync_client([wire.Reply.json(wire.chat_completion_body('{"diagnosis": "CONDITION-X", "score'))])
+    with pytest.raises(pydantic.ValidationError, match="CONDITION-X") as raised:
+        client.chat.completions.parse(model="m", messages=MESSAGES, response_format=Answer)
+    (event,) = captured.span().events
+    assert event.attributes is not None
+    if capture:
+        assert event.attributes["exception.message"] == str(raised.value)
+    else:
+        assert "CONDITION-X" not in captured.span().to_json()
+        assert event.attributes["exception.message"] == "1 validation error for Answer\n(root)\n  Invalid JSON: " \
+            "EOF while parsing a string at line 1 column 35 [type=json_invalid]"
+        assert str(event.attributes["exception.stacktrace"]).startswith("Traceback (most recent call last):")
 
 
 # what the conventions' schemas make of a one-message chat: role and parts in, role, parts and finish reason out

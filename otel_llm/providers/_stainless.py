@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from otel_llm._calls import hook
 from otel_llm._patching import Target
+from otel_llm._redact import bearer_secrets
 
 if TYPE_CHECKING:
     from otel_llm._operation import Operation
@@ -26,6 +27,19 @@ def parsed_body(response: Any) -> Any:
     if callable(getattr(response._options, "post_parser", None)) or inspect.iscoroutinefunction(response.parse):
         return response._parse()
     return response.parse()
+
+
+# request headers and query parameters that carry the API key or token (openai, Azure OpenAI, anthropic)
+_CREDENTIAL_HEADERS = ("authorization", "api-key", "x-api-key", "proxy-authorization")
+
+
+def request_secrets(error: BaseException) -> tuple[str, ...]:
+    """The credentials the failed request carried (a client error's ``request``), for redaction."""
+    request = getattr(error, "request", None)
+    headers, url = getattr(request, "headers", None), getattr(request, "url", None)
+    values = [value for name in _CREDENTIAL_HEADERS if headers is not None and (value := headers.get(name))]
+    key = getattr(getattr(url, "params", None), "get", lambda name: None)("api-key")
+    return bearer_secrets([*values, key] if isinstance(key, str) else values)
 
 
 def _number(raw: bytes) -> float | None:

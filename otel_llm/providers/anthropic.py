@@ -46,7 +46,7 @@ from otel_llm._patching import Provider, Target
 from otel_llm._safety import report_failure
 from otel_llm._stream import CONTENT, DONE, OTHER
 from otel_llm.providers import _claude
-from otel_llm.providers._stainless import ResponseHeaders, parsed_body
+from otel_llm.providers._stainless import ResponseHeaders, parsed_body, request_secrets
 from otel_llm.providers._values import count, field, text_counter
 
 try:  # the SDK's table of exception classes by (status, error code), which names a stream's error events
@@ -207,6 +207,7 @@ class _Messages:
         return None  # prepare() adds nothing to the request
 
     def read_error(self, op: Operation, error: BaseException) -> None:
+        op.secrets = request_secrets(error)
         if not isinstance(error, anthropic.APIStatusError):
             return
         if error.response.status_code < 400:  # an error event inside a stream: its headers were read on arrival

@@ -16,6 +16,7 @@ import copy
 import inspect
 import io
 import json
+import re
 import sys
 import time
 import weakref
@@ -36,6 +37,7 @@ from otel_llm._calls import Kind, current_operation, hook, sync_call
 from otel_llm._content import Message, Output, Part
 from otel_llm._operation import Request
 from otel_llm._patching import Provider, Target
+from otel_llm._redact import bearer_secrets
 from otel_llm._safety import report_failure
 from otel_llm._stream import CONTENT, DONE, OTHER
 from otel_llm.providers import _claude
@@ -48,6 +50,8 @@ if TYPE_CHECKING:
     from otel_llm._telemetry import Telemetry
 
 _SERVICE = "bedrock-runtime"
+# the session token as a SigV4 error's canonical request lists it among the signed headers
+_SESSION_TOKEN = re.compile(r"x-amz-security-token:(\S+)", re.IGNORECASE)
 
 # request parameters sit in the body itself or in a config object inside it (converse, Titan, Nova)
 _CONFIG_KEYS = ("inferenceConfig", "textGenerationConfig", "additionalModelRequestFields")
@@ -603,6 +607,8 @@ class _Endpoint:
     def read_error(self, op: Operation, error: BaseException) -> None:
         if isinstance(error, ClientError):
             _name_error(op, error)
+            # a signature mismatch quotes the canonical request it computed, the session token among its headers
+            op.secrets = bearer_secrets(_SESSION_TOKEN.findall(str(error)))
 
     def observe(self, op: Operation, chunk: Any) -> int:
         raise NotImplementedError

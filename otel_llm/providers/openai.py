@@ -26,7 +26,7 @@ from otel_llm._operation import Request
 from otel_llm._patching import Provider, Target
 from otel_llm._safety import report_failure
 from otel_llm._stream import CONTENT, DONE, HIDDEN, OTHER, closed_by_helper
-from otel_llm.providers._stainless import ResponseHeaders, parsed_body
+from otel_llm.providers._stainless import ResponseHeaders, parsed_body, request_secrets
 from otel_llm.providers._values import count, field, number, text_counter
 
 if TYPE_CHECKING:
@@ -537,6 +537,7 @@ class _Endpoint:
         raise NotImplementedError
 
     def read_error(self, op: Operation, error: BaseException) -> None:
+        op.secrets = request_secrets(error)
         # a refused request's headers; a stream's were read when its response arrived
         if isinstance(error, openai.APIStatusError) and error.response.status_code >= 400:
             _HEADERS.read(op, error.response.headers)
