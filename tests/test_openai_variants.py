@@ -110,6 +110,27 @@ def test_a_structured_answer_cut_at_the_length_limit_fails_the_call_and_keeps_it
     assert attrs[sc.RESPONSE_ID] == "chatcmpl-abc"
 
 
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_a_responses_structured_answer_cut_short_fails_the_call_and_keeps_its_usage(otel: Captured,
+                                                                                     is_async: bool) -> None:
+    """responses.parse() refuses an answer cut at max_output_tokens with pydantic's ValidationError, which carries no
+    response: the response is read as the parser is handed it."""
+    body = wire.response_body(CUT_ANSWER, usage=USAGE)
+    body.update(status="incomplete", incomplete_details={"reason": "max_output_tokens"})
+    kwargs = {"model": "m", "input": "hello", "text_format": Answer}
+    with pytest.raises(pydantic.ValidationError):
+        if is_async:
+            aclient, _ = async_client([wire.Reply.json(body)])
+            asyncio.run(aclient.responses.parse(**kwargs))  # type: ignore[arg-type]
+        else:
+            client, _ = sync_client([wire.Reply.json(body)])
+            client.responses.parse(**kwargs)  # type: ignore[arg-type]
+    otel.assert_finished("ValidationError")
+    attrs = attributes(otel.span())
+    assert attrs[sc.RESPONSE_ID] == "resp_abc" and attrs[sc.RESPONSE_FINISH_REASONS] == ("max_output_tokens",)
+    assert (attrs[sc.USAGE_INPUT_TOKENS], attrs[sc.USAGE_OUTPUT_TOKENS]) == (9, 3)
+
+
 def test_a_streaming_response_whose_structured_answer_is_cut_fails_at_parse_and_keeps_its_usage(
         otel: Captured) -> None:
     client, _ = sync_client([_cut_reply("chat")])

@@ -20,7 +20,7 @@ from openai._streaming import SSEDecoder
 
 from otel_llm import _content as ct
 from otel_llm import _semconv as sc
-from otel_llm._calls import Kind, async_call, before, sync_call
+from otel_llm._calls import Kind, async_call, before, hook, sync_call
 from otel_llm._content import Choice, Message, Output, Part
 from otel_llm._operation import Request
 from otel_llm._patching import Provider, Target
@@ -746,6 +746,14 @@ def _helper_closed(helper_stream: Any) -> None:
     closed_by_helper(getattr(helper_stream, "_raw_stream", None))
 
 
+def _parsing_response(op: Operation, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """``responses.parse()``'s structured-output parser is about to read the response: read it first, since the
+    parser raises (pydantic's ValidationError) on an answer cut short, and that error carries no response."""
+    response = kwargs.get("response")
+    if response is not None:
+        _read_responses_usage(op, response)
+
+
 _CHAT, _RESPONSES, _COMPLETIONS, _EMBEDDINGS = _ChatCompletions(), _Responses(), _Completions(), _Embeddings()
 _CHAT_MODULE = "openai.resources.chat.completions.completions"
 _RESPONSES_MODULE = "openai.resources.responses.responses"
@@ -767,6 +775,9 @@ PROVIDER = Provider(
         Target("openai.resources.embeddings", "AsyncEmbeddings.create", async_call(_EMBEDDINGS)),
         # headers, retries: deeper in the client, on behalf of the operation running in this context
         *_HEADERS.base_client_targets("openai"),
+        # the Responses parser, where parse() looks it up (openai 3.x; 1.x and 2.x)
+        Target("openai.lib._response_resources", "parse_response", hook(_parsing_response)),
+        Target(_RESPONSES_MODULE, "parse_response", hook(_parsing_response)),
         # the stream() helpers close the HTTP response themselves, not the stream we handed them
         Target("openai.lib.streaming.chat._completions", "ChatCompletionStream.close", before(_helper_closed)),
         Target("openai.lib.streaming.chat._completions", "AsyncChatCompletionStream.close", before(_helper_closed)),
