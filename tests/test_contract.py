@@ -4,6 +4,7 @@ nothing it sends or receives is altered or leaked, and instrument/uninstrument a
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import importlib.util
 import json
 import logging
@@ -400,9 +401,11 @@ def test_instrument_twice_is_a_no_op_and_uninstrument_restores_exactly(instrumen
     otel_llm.uninstrument()
     assert vars(cls)["create"] is original
     for target in openai_adapter.PROVIDER.targets:
-        owner_name, method = target.attribute.split(".")
-        owner = getattr(__import__(target.module, fromlist=[owner_name]), owner_name)
-        assert not isinstance(vars(owner).get(method), wrapt.FunctionWrapper), target
+        *path, name = target.attribute.split(".")
+        owner = importlib.import_module(target.module)
+        for part in path:
+            owner = getattr(owner, part)
+        assert not isinstance(vars(owner).get(name), wrapt.FunctionWrapper), target
     client.chat.completions.create(model="m", messages=MESSAGES)
     assert len(captured.spans()) == 1
 
