@@ -9,6 +9,7 @@ They subclass wrapt's proxy so ``isinstance(proxy, openai.Stream)`` and every SD
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import time
 from array import array
@@ -384,7 +385,14 @@ class ResponseProxy(_ResponseLifecycle):
         except BaseException as exc:
             self._self_fail(exc)
             raise
-        return self._self_hand_out(parsed)
+        if kwargs.get("to") is None or self._self_op.request.stream:  # a stream of the caller's class is a stream
+            return self._self_hand_out(parsed)
+        if not self._self_op.finished:  # the body, in, parsed to a type of the caller's: read the client's own
+            # a structured-output parser refusing the answer: not what the caller asked for
+            with contextlib.suppress(Exception):
+                self._self_hand_out(self.__wrapped__.parse())
+        self._self_telemetry.finish(self._self_op)
+        return parsed
 
 
 class _ClosingResponseProxy(ResponseProxy):
@@ -411,7 +419,13 @@ class AsyncResponseProxy(_ResponseLifecycle):
         except BaseException as exc:
             self._self_fail(exc)
             raise
-        return self._self_hand_out(parsed)
+        if kwargs.get("to") is None or self._self_op.request.stream:  # as ResponseProxy's
+            return self._self_hand_out(parsed)
+        if not self._self_op.finished:
+            with contextlib.suppress(Exception):
+                self._self_hand_out(await self.__wrapped__.parse())
+        self._self_telemetry.finish(self._self_op)
+        return parsed
 
     async def close(self) -> None:
         self._self_released()

@@ -13,6 +13,7 @@ import pydantic
 import pytest
 import wire
 from conftest import API_KEY, Captured, async_client, attributes, openai_server, sync_client
+from openai.types.chat import ChatCompletionChunk
 
 from otel_llm import _semconv as sc
 
@@ -198,6 +199,46 @@ def test_streaming_response_parse_and_exit(otel: Captured) -> None:
     assert len(chunks) == 5
     assert attributes(otel.span()).get(sc.ERROR_TYPE) is None
     assert otel.point(sc.STABLE_NAMES.time_to_first_chunk.name).count == 1
+
+
+@pytest.mark.parametrize("to", [str, bytes], ids=["str", "bytes"])
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_a_streaming_response_parsed_to_the_callers_own_type_is_read_apart(otel: Captured, to: type,
+                                                                           is_async: bool) -> None:
+    """parse(to=str): the caller gets the body as it asked; the span reads the client's own object of it."""
+    body = wire.response_body("xyz", usage=USAGE)
+    if is_async:
+        aclient, _ = async_client([wire.Reply.json(body)])
+
+        async def main() -> Any:
+            async with aclient.responses.with_streaming_response.create(model="gpt-4.1", input="hi") as response:
+                return await response.parse(to=to)
+
+        parsed = asyncio.run(main())
+    else:
+        client, _ = sync_client([wire.Reply.json(body)])
+        with client.responses.with_streaming_response.create(model="gpt-4.1", input="hi") as response:
+            parsed = response.parse(to=to)
+    assert type(parsed) is to and wire.json.loads(parsed) == body
+    otel.assert_finished(None)
+    attrs = attributes(otel.span())
+    assert attrs[sc.RESPONSE_ID] == "resp_abc" and attrs[sc.USAGE_OUTPUT_TOKENS] == 3
+
+
+class _CallersStream(openai.Stream[ChatCompletionChunk]):
+    pass
+
+
+def test_a_streaming_response_parsed_to_the_callers_stream_class_is_a_stream(otel: Captured) -> None:
+    client, _ = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
+    with client.chat.completions.with_streaming_response.create(model="m", messages=MESSAGES,
+                                                                stream=True) as response:
+        stream = response.parse(to=_CallersStream)
+        assert isinstance(stream, _CallersStream)
+        assert otel.spans() == []
+        assert len(list(stream)) == 5
+    otel.assert_finished(None)
+    assert attributes(otel.span())[sc.CONTENT_CHUNKS] == 3
 
 
 def test_streaming_response_read_raw_finishes_on_exit(otel: Captured) -> None:
