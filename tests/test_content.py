@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import base64
 import json
+from collections import UserDict
 from collections.abc import Iterator
+from types import MappingProxyType
 from typing import Any
 
 import anthropic
@@ -134,6 +136,16 @@ def test_openai_chat_turns_become_role_and_parts(record: Any, mode: str) -> None
         sc.INPUT_MESSAGES: CHAT_IN,  # system messages keep their role: no system instructions apart
         sc.OUTPUT_MESSAGES: [{"role": "assistant", "parts": [text("Sunny, 18C.")], "finish_reason": "stop"}],
     }
+
+
+def test_openai_chat_messages_of_any_mapping_read_as_dicts(record: Any) -> None:
+    """The client sends any Mapping as the dict it is (MappingProxyType, UserDict, a TypedDict's dict)."""
+    recorded = record()
+    client, _ = sync_client([wire.Reply.json(wire.chat_completion_body("Sunny, 18C."))])
+    messages = [MappingProxyType(CHAT[0]), UserDict({**CHAT[1], "content": [MappingProxyType(CHAT[1]["content"][0]),
+                                                                            CHAT[1]["content"][1]]})]
+    client.chat.completions.create(model="m", messages=messages)  # type: ignore[arg-type]
+    assert recorded.content()[sc.INPUT_MESSAGES] == CHAT_IN[:2]
 
 
 def test_openai_chat_streamed_tool_call_is_assembled_from_its_deltas(record: Any) -> None:

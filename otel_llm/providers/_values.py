@@ -28,10 +28,14 @@ def count(value: object) -> int | None:
 
 
 def field(value: Any, name: str) -> Any:
-    """``value[name]`` of a JSON object, ``value.name`` of a client's object; None when it has no such field."""
+    """``value[name]`` of a JSON object (a dict, or any Mapping a caller passes), ``value.name`` of a client's
+    object; None when it has no such field. The Mapping ABC is asked only when the attribute is not there."""
     if isinstance(value, dict):
         return value.get(name)
-    return getattr(value, name, None)
+    found = getattr(value, name, None)
+    if found is None and isinstance(value, Mapping):
+        return value.get(name)
+    return found
 
 
 def text_counter(*keys: str) -> Callable[[object], int]:
