@@ -448,15 +448,27 @@ def test_anthropic_output_keeps_its_thinking(record: Any) -> None:
                                                                   text("Hi")]
 
 
-def test_bedrock_invoke_body_with_several_generations_is_one_message_each(record: Any) -> None:
+@pytest.mark.parametrize("model, body", [
+    ("cohere.command-text-v14", {"id": "g", "generations": [{"id": "1", "text": "First.", "finish_reason": "COMPLETE"},
+                                                            {"id": "2", "text": "Second.",
+                                                             "finish_reason": "MAX_TOKENS"}]}),
+    ("amazon.titan-text-express-v1", {"inputTextTokenCount": 3, "results": [
+        {"tokenCount": 2, "outputText": "First.", "completionReason": "FINISH"},
+        {"tokenCount": 2, "outputText": "Second.", "completionReason": "LENGTH"}]}),
+    ("mistral.mistral-7b-instruct-v0:2", {"outputs": [{"text": "First.", "stop_reason": "stop"},
+                                                      {"text": "Second.", "stop_reason": "length"}]}),
+], ids=["cohere", "titan", "mistral"])
+def test_bedrock_invoke_body_with_several_generations_is_one_message_each(record: Any, model: str,
+                                                                          body: dict[str, Any]) -> None:
+    """Each generation with the reason it gives for stopping."""
     recorded = record()
-    body = {"id": "g", "generations": [{"id": "1", "text": "First.", "finish_reason": "COMPLETE"},
-                                       {"id": "2", "text": "Second.", "finish_reason": "COMPLETE"}]}
     with wire.LoopbackServer([wb.invoke_reply(body)]) as server:
-        wb.client(server).invoke_model(modelId="cohere.command-text-v14",
-                                       body=json.dumps({"prompt": "Hi", "num_generations": 2}))
-    assert [message["parts"] for message in recorded.content()[sc.OUTPUT_MESSAGES]] == [[text("First.")],
-                                                                                      [text("Second.")]]
+        wb.client(server).invoke_model(modelId=model, body=json.dumps({"prompt": "Hi"}))
+    items = next(iter(value for value in body.values() if isinstance(value, list)))
+    reasons = [next(value for key, value in item.items() if key.endswith(("reason", "Reason"))) for item in items]
+    assert recorded.content()[sc.OUTPUT_MESSAGES] == [
+        {"role": "assistant", "parts": [text(answer)], "finish_reason": reason}
+        for answer, reason in zip(("First.", "Second."), reasons, strict=True)]
 
 
 def test_bedrock_cohere_chat_history_roles_are_the_conventions(record: Any) -> None:

@@ -458,16 +458,21 @@ def _gather_payload(output: Output, payload: object) -> None:
     elif "contentBlockDelta" in payload or "contentBlockStart" in payload:
         _gather_converse_event(output, payload)
     else:
-        for index, text in _texts(payload):
-            output.choice(index).text(text)
+        for index, text, reason in _texts(payload):
+            choice = output.choice(index)
+            if text is not None:
+                choice.text(text)
+            choice.finish(reason)
 
 
-def _texts(payload: Mapping[str, Any]) -> list[tuple[int, str]]:
-    """The output text of a body or chunk of Claude's text completions, Llama, Titan, Cohere or Mistral, by choice:
-    a body's results, generations, outputs or choices are one each (a chunk's carry their index)."""
-    found: list[tuple[int, object]] = [(0, payload.get(key)) for key in ("completion", "generation", "outputText")]
+def _texts(payload: Mapping[str, Any]) -> list[tuple[int, str | None, str | None]]:
+    """The output text of a body or chunk of Claude's text completions, Llama, Titan, Cohere or Mistral, by choice,
+    and why it stopped when it says (Cohere's finish_reason, Titan's completionReason, Mistral's stop_reason): a
+    body's results, generations, outputs or choices are one each (a chunk's carry their index)."""
+    found: list[tuple[int, object, object]] = [(0, payload.get(key), None)
+                                               for key in ("completion", "generation", "outputText")]
     if payload.get("event_type", "text-generation") == "text-generation":
-        found.append((0, payload.get("text")))
+        found.append((0, payload.get("text"), None))
     items = payload.get("results") or payload.get("generations") or payload.get("outputs") or payload.get("choices")
     for position, item in enumerate(ct.listed(items)):
         if not isinstance(item, Mapping):
@@ -475,8 +480,11 @@ def _texts(payload: Mapping[str, Any]) -> list[tuple[int, str]]:
         message = item.get("message") or item.get("delta")
         text = message.get("content") if isinstance(message, Mapping) else item.get("text", item.get("outputText"))
         index = item.get("index")
-        found.append((index if isinstance(index, int) else position, text))
-    return [(index, text) for index, text in found if isinstance(text, str) and text]
+        reason = item.get("finish_reason") or item.get("completionReason") or item.get("stop_reason")
+        found.append((index if isinstance(index, int) else position, text, reason))
+    return [(index, text if isinstance(text, str) and text else None, reason if isinstance(reason, str) else None)
+            for index, text, reason in found
+            if (isinstance(text, str) and text) or (isinstance(reason, str) and reason)]
 
 
 # --- endpoints ---------------------------------------------------------------------------------------------------
