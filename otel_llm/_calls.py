@@ -119,6 +119,25 @@ def async_call(endpoint: Endpoint) -> Callable[[Telemetry], Wrapper]:
     return make
 
 
+def selected(make: Callable[[Telemetry], Wrapper],
+             applies: Callable[[dict[str, Any]], bool]) -> Callable[[Telemetry], Wrapper]:
+    """A call wrapper for the calls of a method that ``applies`` picks out by their arguments (one that calls a
+    model only with some: a retrieve that streams); the others go through as if we were not there."""
+
+    def make_selected(telemetry: Telemetry) -> Wrapper:
+        wrapper = make(telemetry)
+
+        def selective(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+                      kwargs: dict[str, Any]) -> Any:
+            if applies(kwargs):
+                return wrapper(wrapped, instance, args, kwargs)
+            return wrapped(*args, **kwargs)
+
+        return selective
+
+    return make_selected
+
+
 def hook(observe: Callable[[Operation, tuple[Any, ...], dict[str, Any]], None]) -> Callable[[Telemetry], Wrapper]:
     """A wrapper deeper in the client that only looks at its arguments (response headers, a retry) on behalf of the
     operation running in this context. Works for sync and async methods alike: it looks before the call."""

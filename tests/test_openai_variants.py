@@ -324,6 +324,52 @@ def test_responses_plain(otel: Captured) -> None:
     assert attrs[sc.USAGE_OUTPUT_TOKENS] == 3
 
 
+def _resume_helper(client: openai.OpenAI) -> None:
+    with client.responses.stream(response_id="resp_abc", starting_after=3) as stream:
+        stream.until_done()
+
+
+def _resume_helper_async(client: openai.AsyncOpenAI) -> None:
+    async def main() -> None:
+        async with client.responses.stream(response_id="resp_abc") as stream:
+            await stream.until_done()
+
+    asyncio.run(main())
+
+
+def _retrieve_async(client: openai.AsyncOpenAI) -> None:
+    async def main() -> None:
+        async for _ in await client.responses.retrieve("resp_abc", stream=True, starting_after=3):
+            pass
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("resume, is_async", [
+    (lambda client: list(client.responses.retrieve("resp_abc", stream=True, starting_after=3)), False),
+    (_retrieve_async, True),
+    (_resume_helper, False),
+    (_resume_helper_async, True),
+], ids=["retrieve", "async retrieve", "stream() helper", "async stream() helper"])
+def test_a_background_response_streamed_again_is_an_operation(otel: Captured, resume: Any, is_async: bool) -> None:
+    """Resuming a background response's stream reads its output as it comes: TTFT from the resuming request."""
+    reply = wire.Reply.stream(wire.responses_stream(TOKENS, usage=USAGE), delays=[0, 0, 0, 0, 0.03])
+    client = async_client([reply])[0] if is_async else sync_client([reply])[0]
+    resume(client)
+    otel.assert_finished(None)
+    span = otel.span()
+    attrs = attributes(span)
+    assert span.name == "chat" and sc.REQUEST_MODEL not in attrs
+    assert attrs[sc.RESPONSE_ID] == "resp_abc" and attrs[sc.USAGE_OUTPUT_TOKENS] == 3
+    assert attrs[sc.CONTENT_CHUNKS] == 3 and attrs[sc.RESPONSE_TIME_TO_FIRST_CHUNK] >= 0.03
+
+
+def test_retrieving_a_stored_response_calls_no_model(otel: Captured) -> None:
+    client, _ = sync_client([wire.Reply.json(wire.response_body("xyz", usage=USAGE))])
+    assert client.responses.retrieve("resp_abc").output_text == "xyz"
+    assert otel.spans() == [] and otel.metrics() == {}
+
+
 def _responses_events(*events: tuple[str, dict[str, Any]]) -> list[bytes]:
     return [wire.sse({"type": kind, "sequence_number": n, **data}, event=kind) for n, (kind, data) in
             enumerate(events)]

@@ -20,7 +20,7 @@ from openai._streaming import SSEDecoder
 
 from otel_llm import _content as ct
 from otel_llm import _semconv as sc
-from otel_llm._calls import Kind, async_call, before, hook, sync_call
+from otel_llm._calls import Kind, async_call, before, hook, selected, sync_call
 from otel_llm._content import Choice, Message, Output, Part
 from otel_llm._operation import Request
 from otel_llm._patching import Provider, Target
@@ -746,6 +746,10 @@ def _helper_closed(helper_stream: Any) -> None:
     closed_by_helper(getattr(helper_stream, "_raw_stream", None))
 
 
+def _streams(kwargs: dict[str, Any]) -> bool:
+    return kwargs.get("stream") is True
+
+
 def _parsing_response(op: Operation, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """``responses.parse()``'s structured-output parser is about to read the response: read it first, since the
     parser raises (pydantic's ValidationError) on an answer cut short, and that error carries no response."""
@@ -769,6 +773,10 @@ PROVIDER = Provider(
         Target(_RESPONSES_MODULE, "AsyncResponses.create", async_call(_RESPONSES)),
         Target(_RESPONSES_MODULE, "Responses.parse", sync_call(_RESPONSES)),
         Target(_RESPONSES_MODULE, "AsyncResponses.parse", async_call(_RESPONSES)),
+        # a stored (background) response streamed again, whole or after an event; a retrieve that does not stream
+        # fetches a stored object, and calls no model
+        Target(_RESPONSES_MODULE, "Responses.retrieve", selected(sync_call(_RESPONSES), _streams)),
+        Target(_RESPONSES_MODULE, "AsyncResponses.retrieve", selected(async_call(_RESPONSES), _streams)),
         Target("openai.resources.completions", "Completions.create", sync_call(_COMPLETIONS)),
         Target("openai.resources.completions", "AsyncCompletions.create", async_call(_COMPLETIONS)),
         Target("openai.resources.embeddings", "Embeddings.create", sync_call(_EMBEDDINGS)),
