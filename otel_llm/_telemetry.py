@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import gc
+import json
 import os
 import random
 import sys
@@ -250,11 +251,13 @@ class Telemetry:
         span.end(end_time=end_epoch_ns)
 
     def _emit_event(self, op: Operation, logger: Logger, content: dict[str, str]) -> None:
-        """Content as a log event beside the span (opt-in): sized for a log pipeline, not span attributes."""
-        attributes = _identity(op.request)
+        """Content as a log event beside the span (opt-in): sized for a log pipeline, not span attributes. The
+        conventions require the structured values on events (the JSON strings are for spans): the same JSON, read
+        back into lists and maps."""
+        attributes: dict[str, Any] = dict(_identity(op.request))
         if op.response_id is not None:
             attributes[sc.RESPONSE_ID] = op.response_id
-        attributes.update(content)
+        attributes.update((key, json.loads(value)) for key, value in content.items())
         logger.emit(event_name=sc.EVENT_OPERATION_DETAILS, attributes=attributes, context=op.context,
                     timestamp=op.start_epoch_ns + (op.end_ns - op.start_ns))
 
@@ -579,8 +582,8 @@ def _time_per_output_token(op: Operation) -> float | None:
 
 
 def _content_attributes(op: Operation) -> dict[str, str]:
-    """Content as the conventions' JSON strings (see _content); the same on the span and the event. Each attribute
-    on its own: one that cannot be written costs itself only."""
+    """Content as the conventions' JSON strings (see _content), for the span, and read back for the event. Each
+    attribute on its own: one that cannot be written costs itself only."""
     attributes: dict[str, str] = {}
     request, output = op.request, op.output
 

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import wire
 from conftest import openai_server
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -44,7 +45,7 @@ class Receiver(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _ReceiverHandler)
         self.traces: list[ExportTraceServiceRequest] = []
         self.metrics: list[ExportMetricsServiceRequest] = []
-        self.logs: list[bytes] = []
+        self.logs: list[ExportLogsServiceRequest] = []
 
     @property
     def endpoint(self) -> str:
@@ -76,7 +77,7 @@ class _ReceiverHandler(BaseHTTPRequestHandler):
         elif self.path == "/v1/metrics":
             self.server.metrics.append(ExportMetricsServiceRequest.FromString(body))
         elif self.path == "/v1/logs":
-            self.server.logs.append(body)
+            self.server.logs.append(ExportLogsServiceRequest.FromString(body))
         self.send_response(200)
         self.send_header("content-type", "application/x-protobuf")
         self.send_header("content-length", "0")
@@ -185,6 +186,26 @@ def test_a_provider_passed_is_a_set_up_of_the_applications_own(receiver: Receive
     out = run_app([sys.executable], setup, otlp_env(receiver), tmp_path)
     assert out.split() == ["_ProxyMeterProvider", "Hi!"]
     assert receiver.traces == [] and receiver.metrics == []
+
+
+def test_content_events_go_out_over_otlp_in_structured_form(receiver: Receiver, tmp_path: Path) -> None:
+    """On events the conventions require the messages structured (JSON strings are for spans): arrays and maps in
+    the OTLP log record, not a string."""
+    env = {**otlp_env(receiver), "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "EVENT_ONLY"}
+    assert run_app([sys.executable], "import otel_llm; otel_llm.instrument()", env, tmp_path).strip() == "Hi!"
+    (record,) = [record for request in receiver.logs for rl in request.resource_logs for sl in rl.scope_logs
+                 for record in sl.log_records]
+    assert record.event_name == sc.EVENT_OPERATION_DETAILS
+    attrs = {kv.key: kv.value for kv in record.attributes}
+    (message,) = attrs[sc.OUTPUT_MESSAGES].array_value.values
+    fields = {kv.key: kv.value for kv in message.kvlist_value.values}
+    assert fields["role"].string_value == "assistant" and fields["finish_reason"].string_value == "stop"
+    (part,) = fields["parts"].array_value.values
+    assert {kv.key: kv.value.string_value for kv in part.kvlist_value.values} == {"type": "text", "content": "Hi!"}
+    (asked,) = attrs[sc.INPUT_MESSAGES].array_value.values
+    assert {kv.key for kv in asked.kvlist_value.values} == {"role", "parts"}
+    (span,) = receiver.spans()
+    assert record.span_id == span.span_id and sc.OUTPUT_MESSAGES not in {kv.key for kv in span.attributes}
 
 
 def test_content_events_are_not_exported_behind_an_applications_own_set_up(receiver: Receiver, tmp_path: Path) -> None:
