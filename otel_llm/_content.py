@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, TypeVar
 
@@ -119,11 +120,22 @@ def plain(value: object) -> object:
 
 def to_json(value: object) -> str:
     """JSON every parser reads: a model's tool arguments may hold NaN or Infinity, which JSON has no words for,
-    so those are written as strings."""
+    so those are written as strings. Text as it is (not \\u-escaped: half the size or less outside ASCII), but a
+    lone surrogate (a ``"\\ud800"`` a server wrote in its JSON) as U+FFFD: UTF-8 has no such character, and a string
+    holding one fails the OTLP export of everything in its batch."""
     try:
-        return json.dumps(value, default=str, allow_nan=False)
+        text = json.dumps(value, default=str, allow_nan=False, ensure_ascii=False)
     except ValueError:
-        return json.dumps(_finite(value), default=str)
+        text = json.dumps(_finite(value), default=str, ensure_ascii=False)
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            text = _SURROGATE.sub("\ufffd", text)
+    return text
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _finite(value: object) -> object:

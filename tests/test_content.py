@@ -18,6 +18,8 @@ import wire
 import wire_anthropic as wa
 import wire_bedrock as wb
 from conftest import API_KEY, Captured, attributes, sync_client
+from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
 from opentelemetry.sdk.metrics import MeterProvider
@@ -149,6 +151,20 @@ def test_openai_chat_messages_of_any_mapping_read_as_dicts(record: Any) -> None:
                                                                             CHAT[1]["content"][1]]})]
     client.chat.completions.create(model="m", messages=messages)  # type: ignore[arg-type]
     assert recorded.content()[sc.INPUT_MESSAGES] == CHAT_IN[:2]
+
+
+def test_text_is_written_as_it_is_and_what_utf8_cannot_hold_as_a_replacement(record: Any) -> None:
+    """Text outside ASCII as itself, not \\u-escaped; a lone surrogate a server escaped into its JSON (which no
+    UTF-8 holds, so OTLP could not send the batch with it) as U+FFFD. Both encode to OTLP bytes."""
+    recorded = record()
+    body = wire.chat_completion_body("晴れ")
+    answer = json.dumps(body).replace("\\u6674\\u308c", "\\u6674\\ud800")  # the server's "晴" and a lone half
+    client, _ = sync_client([wire.Reply(200, answer.encode(), {"content-type": "application/json"})])
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "天気は?"}])
+    assert '"天気は?"' in attributes(recorded.captured.span())[sc.INPUT_MESSAGES]
+    assert recorded.content()[sc.OUTPUT_MESSAGES][0]["parts"] == [text("晴\ufffd")]
+    encode_spans(recorded.captured.spans()).SerializeToString()
+    encode_logs(list(recorded.logs.get_finished_logs())).SerializeToString()
 
 
 def test_openai_chat_streamed_tool_call_is_assembled_from_its_deltas(record: Any) -> None:
