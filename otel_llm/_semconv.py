@@ -81,6 +81,7 @@ OP_EMBEDDINGS: Final = "embeddings"
 
 PROVIDER_OPENAI: Final = "openai"
 PROVIDER_AZURE_OPENAI: Final = "azure.ai.openai"
+PROVIDER_AZURE_AI_INFERENCE: Final = "azure.ai.inference"
 PROVIDER_DEEPSEEK: Final = "deepseek"
 PROVIDER_GROQ: Final = "groq"
 PROVIDER_MISTRAL: Final = "mistral_ai"

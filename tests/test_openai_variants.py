@@ -588,6 +588,22 @@ def test_azure_openai(otel: Captured) -> None:
     assert attrs[sc.SERVER_PORT] == 443
 
 
+@pytest.mark.parametrize("base_url, provider", [
+    ("https://myres.openai.azure.com/openai/v1/", sc.PROVIDER_AZURE_OPENAI),
+    ("https://myres.cognitiveservices.azure.com/openai/v1/", sc.PROVIDER_AZURE_OPENAI),
+    ("https://myproj.services.ai.azure.com/openai/v1/", sc.PROVIDER_AZURE_OPENAI),
+    ("https://myproj.services.ai.azure.com/models", sc.PROVIDER_AZURE_AI_INFERENCE),
+], ids=["openai resource", "ai services resource", "foundry openai", "foundry model inference"])
+def test_azure_reached_with_the_plain_client_is_named(otel: Captured, base_url: str, provider: str) -> None:
+    """Azure's v1 API takes the plain OpenAI client, pointed at the resource through base_url."""
+    http, _ = wire.mock_client(openai_server(tokens=TOKENS, usage=USAGE))
+    client = openai.OpenAI(api_key=API_KEY, base_url=base_url, http_client=http)
+    client.chat.completions.create(model="gpt-4o", messages=MESSAGES)
+    attrs = attributes(otel.span())
+    assert attrs[sc.PROVIDER_NAME] == provider
+    assert (attrs[sc.SERVER_ADDRESS], attrs[sc.SERVER_PORT]) == (base_url.split("/")[2], 443)
+
+
 def test_client_made_before_instrument_is_covered(instrument: object) -> None:
     client, _ = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
     captured = instrument()  # type: ignore[operator]

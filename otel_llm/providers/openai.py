@@ -41,6 +41,17 @@ _KNOWN_HOSTS: Mapping[str, str] = {
     "api.perplexity.ai": sc.PROVIDER_PERPLEXITY,
 }
 
+# Azure's hosts of OpenAI models, reached with the plain client through base_url (the v1 API): an Azure OpenAI
+# resource, an AI Services one, and an AI Foundry one, whose /models path is Azure AI model inference instead
+_AZURE_HOSTS = (".openai.azure.com", ".cognitiveservices.azure.com", ".services.ai.azure.com")
+
+
+def _azure_provider(host: str, path: str) -> str:
+    if host.endswith(".services.ai.azure.com") and path.startswith("/models"):
+        return sc.PROVIDER_AZURE_AI_INFERENCE
+    return sc.PROVIDER_AZURE_OPENAI
+
+
 _HEADERS = ResponseHeaders((
     (sc.RATE_LIMIT_REQUESTS, "x-ratelimit-remaining-requests", "x-ratelimit-limit-requests"),
     (sc.RATE_LIMIT_TOKENS, "x-ratelimit-remaining-tokens", "x-ratelimit-limit-tokens"),
@@ -83,8 +94,10 @@ def _provider_and_server(resource: Any) -> tuple[str, str | None, int | None]:
     port: int | None = None
     if url is not None:
         port = url.port or (443 if url.scheme == "https" else 80)
-    if "Azure" in client_type.__name__ or (host is not None and host.endswith(".openai.azure.com")):
+    if "Azure" in client_type.__name__:
         provider = sc.PROVIDER_AZURE_OPENAI
+    elif host is not None and host.endswith(_AZURE_HOSTS):
+        provider = _azure_provider(host, str(getattr(url, "path", "")))
     elif "Bedrock" in client_type.__name__:
         provider = sc.PROVIDER_AWS_BEDROCK
     else:
