@@ -13,6 +13,7 @@ from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 
 from otel_llm._safety import report_failure
 from otel_llm._stream import AsyncResponseProxy, StreamProxy, async_stream_proxy, response_proxy
+from otel_llm._telemetry import live_telemetry
 
 if TYPE_CHECKING:
     from otel_llm._operation import Operation, Request
@@ -77,16 +78,16 @@ def sync_call(endpoint: Endpoint) -> Callable[[Telemetry], Wrapper]:
             started = _begin(telemetry, endpoint, instance, kwargs)
             if started is None:
                 return wrapped(*args, **kwargs)
-            op, call_kwargs = started
-            entered = _enter(telemetry, op)
+            recording, op, call_kwargs = started
+            entered = _enter(recording, op)
             try:
                 result = _sync_send(wrapped, args, kwargs, call_kwargs, endpoint, op)
             except BaseException as exc:
-                _failed(telemetry, endpoint, op, exc)
+                _failed(recording, endpoint, op, exc)
                 raise
             finally:
-                _leave(telemetry, entered)
-            return _adopt(telemetry, endpoint, op, result, is_async=False)
+                _leave(recording, entered)
+            return _adopt(recording, endpoint, op, result, is_async=False)
 
         return wrapper
 
@@ -101,16 +102,16 @@ def async_call(endpoint: Endpoint) -> Callable[[Telemetry], Wrapper]:
                 started = _begin(telemetry, endpoint, instance, kwargs)
                 if started is None:
                     return await wrapped(*args, **kwargs)
-                op, call_kwargs = started
-                entered = _enter(telemetry, op)
+                recording, op, call_kwargs = started
+                entered = _enter(recording, op)
                 try:
                     result = await _async_send(wrapped, args, kwargs, call_kwargs, endpoint, op)
                 except BaseException as exc:
-                    _failed(telemetry, endpoint, op, exc)
+                    _failed(recording, endpoint, op, exc)
                     raise
                 finally:
-                    _leave(telemetry, entered)
-                return _adopt(telemetry, endpoint, op, result, is_async=True)
+                    _leave(recording, entered)
+                return _adopt(recording, endpoint, op, result, is_async=True)
 
             return run()
 
@@ -196,15 +197,20 @@ def span_stand_in() -> Callable[[Telemetry], Wrapper]:
 
 
 def _begin(telemetry: Telemetry, endpoint: Endpoint, instance: Any,
-           kwargs: dict[str, Any]) -> tuple[Operation, dict[str, Any]] | None:
-    """The operation and the kwargs to call with; None to call as if we were not there: inside OpenTelemetry's
-    ``suppress_instrumentation()``, through a wrapper uninstrument() removed (a bound method the application or the
-    client kept), or when describing the request failed."""
+           kwargs: dict[str, Any]) -> tuple[Telemetry, Operation, dict[str, Any]] | None:
+    """The telemetry that records the call, the operation and the kwargs to call with; None to call as if we were
+    not there: inside OpenTelemetry's ``suppress_instrumentation()``, while uninstrumented, or when describing the
+    request failed. A wrapper of an earlier round, kept since (a bound method the application holds, the client's
+    with_raw_response accessors), has the call recorded by the round running now; unless that round is recording
+    it already (the old wrapper under another library's, under the new one)."""
     try:
-        if telemetry.retired or not is_instrumentation_enabled():
+        recording: Telemetry | None = telemetry
+        if telemetry.retired:
+            recording = live_telemetry() if _current.get() is None else None
+        if recording is None or not is_instrumentation_enabled():
             return None
-        op = telemetry.begin(endpoint.describe(instance, kwargs, telemetry.settings))
-        return op, endpoint.prepare(op, kwargs, telemetry.settings)
+        op = recording.begin(endpoint.describe(instance, kwargs, recording.settings))
+        return recording, op, endpoint.prepare(op, kwargs, recording.settings)
     except Exception:
         report_failure("request")
         return None

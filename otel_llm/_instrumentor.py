@@ -24,7 +24,7 @@ from otel_llm import _semconv
 from otel_llm._export import Providers, nothing_configured, sdk_enabled
 from otel_llm._patching import Client, Patches
 from otel_llm._settings import load_settings
-from otel_llm._telemetry import Telemetry, stop_later_writer
+from otel_llm._telemetry import Telemetry, set_live_telemetry, stop_later_writer
 from otel_llm._version import __version__
 from otel_llm.providers import ADAPTERS
 
@@ -118,6 +118,7 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             raise
         providers.install()
         self._telemetry = telemetry
+        set_live_telemetry(telemetry)
         self._providers = {"tracer_provider": tracer_provider, "meter_provider": meter_provider,
                            "logger_provider": kwargs.get("logger_provider")}
         # A client is patched when the application imports it (at once if it already has): instrument() does not
@@ -157,6 +158,7 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         self._generation += 1
         if self._telemetry is not None:
             self._telemetry.retired = True
+        set_live_telemetry(None)
         stop_later_writer()
         self._telemetry = None
         self._providers = {}

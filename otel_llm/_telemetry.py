@@ -44,11 +44,24 @@ if TYPE_CHECKING:
 _NS = 1e9
 
 
+# the telemetry of the instrument() round running now, if any (see _calls._begin)
+_live: Telemetry | None = None
+
+
+def live_telemetry() -> Telemetry | None:
+    return _live
+
+
+def set_live_telemetry(telemetry: Telemetry | None) -> None:
+    global _live
+    _live = telemetry
+
+
 class Telemetry:
     def __init__(self, tracer: Tracer, meter: Meter, settings: Settings, logger: Logger | None = None) -> None:
         self.settings = settings
         # set by uninstrument(): wrappers still held somewhere (bound methods, the client's raw-response accessors)
-        # then call straight through
+        # then call straight through, or through the round running by then
         self.retired = False
         self._tracer = tracer
         self._logger = logger if settings.capture_content.on_event else None

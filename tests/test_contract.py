@@ -165,6 +165,27 @@ def test_a_hook_left_in_place_under_another_librarys_wrapper_counts_nothing_twic
         base_client.SyncAPIClient._sleep_for_retry = wrapper
 
 
+def test_a_call_wrapper_left_in_place_under_another_librarys_wrapper_records_nothing_twice(
+        instrument: Instrument) -> None:
+    """uninstrument() leaves a wrapper that someone re-wrapped; after instrument() again, the call passes the new
+    round's wrapper and then the old one, and is one operation."""
+    cls = openai.resources.chat.completions.completions.Completions
+    instrument()
+    wrapt.wrap_function_wrapper(cls, "create", lambda wrapped, instance, args, kwargs: wrapped(*args, **kwargs))
+    try:
+        otel_llm.uninstrument()
+        captured = instrument()
+        client, _ = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
+        client.chat.completions.create(model="m", messages=MESSAGES)
+        captured.assert_finished(None)
+    finally:
+        otel_llm.uninstrument()
+        wrapper = vars(cls)["create"]
+        while isinstance(wrapper, wrapt.FunctionWrapper):  # theirs over ours, over the SDK's
+            wrapper = wrapper.__wrapped__
+        cls.create = wrapper
+
+
 def test_an_instrumentation_that_wrapped_the_client_first_is_named_once(
         instrument: Instrument, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """Another instrumentation patched openai's create before us (OpenTelemetry's openai-v2, say): both record
@@ -412,10 +433,10 @@ def test_instrument_twice_is_a_no_op_and_uninstrument_restores_exactly(instrumen
     assert len(captured.spans()) == 1
 
 
-def test_methods_taken_while_instrumented_go_through_untouched_after_uninstrument(instrument: Instrument) -> None:
+def test_methods_taken_while_instrumented_are_recorded_by_the_round_that_runs(instrument: Instrument) -> None:
     """A bound method kept by the application, and the SDK's with_raw_response / with_streaming_response accessors
-    (which keep the bound method they saw when first used), hold our wrapper: after uninstrument() it must do
-    nothing, and after instrument() again it must not record twice."""
+    (which keep the bound method they saw when first used), hold our wrapper: after uninstrument() it does
+    nothing, and after instrument() again the new round records each call, once."""
     captured = instrument()
     client, _ = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
     completions = client.chat.completions
@@ -436,7 +457,7 @@ def test_methods_taken_while_instrumented_go_through_untouched_after_uninstrumen
     call_each()
     completions.create(model="m", messages=MESSAGES)
     assert len(captured.spans()) == 3
-    assert len(again.spans()) == 1
+    assert len(again.spans()) == 4
 
 
 def test_instrument_again_on_the_same_providers_exports_every_value() -> None:
