@@ -632,8 +632,12 @@ def _print_trade_off(levels: Sequence[_Level], out: TextIO) -> None:
           "busy.", file=out)
     fewest = min(level.figures.operations for level in levels)
     if fewest < ROUGH_P99_BELOW:
-        print(f"p99 of {fewest} requests is rough: it is about the slowest one or two. For a steadier p99, run "
+        print(f"p99 of {_requests(fewest)} is rough: it is about the slowest one or two. For a steadier p99, run "
               "more (--requests 200 takes about 2 minutes).", file=out)
+
+
+def _requests(count: int) -> str:
+    return f"{count} request" if count == 1 else f"{count} requests"
 
 
 def _print_table(levels: Sequence[_Level], out: TextIO) -> None:
@@ -728,7 +732,7 @@ def _bench(options: argparse.Namespace) -> int:
                 print("\n" + _deadline_text(options.deadline, verdict), file=table)
             fewest = min((level.figures.operations for level in levels.done), default=0)
             if 0 < fewest < ROUGH_P99_BELOW:
-                print(f"\np99 of {fewest} requests is rough (about the slowest one or two); raise --requests for a "
+                print(f"\np99 of {_requests(fewest)} is rough (about the slowest one or two); raise --requests for a "
                       "steadier figure", file=table)
         if options.plot is not None and levels.done:
             _plot(levels.done, options.plot, f"{options.model} at {options.base_url}")
