@@ -74,6 +74,9 @@ class Operation(_WeaklyReferable):
     # content chunks at the stream's start that summarize reasoning whose own tokens never stream (OpenAI's
     # reasoning summaries): the model reasons unseen after them, so the answer's time per token is timed from after
     summary_chunks: int = 0
+    # gaps between content chunks (by index into gaps_ns) that the model spent waiting on a tool the service runs
+    # itself (web search, code execution): no decoding in them, so they are out of the time per output token
+    tool_waits: set[int] | None = None
     finished_choices: set[int] | None = None  # of a stream's choices, those finished (by index)
     output: Output | None = None  # gathered only when content capture is on
     retries: int = 0
@@ -105,9 +108,19 @@ class Operation(_WeaklyReferable):
         copy.finish_reasons = list(self.finish_reasons)
         copy.rate_limits = dict(self.rate_limits)
         copy.attributes = dict(self.attributes)
+        if self.tool_waits is not None:
+            copy.tool_waits = set(self.tool_waits)
         if self.output is not None:
             copy.output = self.output.copy()
         return copy
+
+    def waiting_on_a_tool(self) -> None:
+        """A tool the service runs itself starts or ends here: the gap up to the next content chunk is its wait
+        (before the first content chunk, a wait is part of the time to it)."""
+        if self.first_content_ns and self.gaps_ns is not None:
+            if self.tool_waits is None:
+                self.tool_waits = set()
+            self.tool_waits.add(len(self.gaps_ns))
 
     def last_activity(self) -> int:
         """When the operation was last seen doing something: where an abandoned stream ends."""

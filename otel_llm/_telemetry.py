@@ -582,16 +582,21 @@ def _identity(request: Request) -> dict[str, Any]:
 def _time_per_output_token(op: Operation) -> float | None:
     """True TPOT: the spread of content chunks over the streamed tokens after the first; unknown without a token
     count, and with one content chunk (however many tokens it holds, their spread in time cannot be seen). Reasoning
-    tokens a model keeps to itself (counted in OpenAI's output tokens) never reach the stream."""
-    tokens, chunks, first_ns = op.output_tokens, op.content_chunks, op.first_content_ns
+    tokens a model keeps to itself (counted in OpenAI's output tokens) never reach the stream, and waits on tools
+    the service runs itself are not spent decoding."""
+    tokens, chunks, first_ns, waited_ns = op.output_tokens, op.content_chunks, op.first_content_ns, 0
+    gaps, skipped = op.gaps_ns, 0  # gaps before the window
     if tokens is not None and op.reasoning_tokens and not op.reasoning_streamed:
         tokens -= op.reasoning_tokens
-        if op.summary_chunks and op.gaps_ns is not None:  # timed from the answer's first chunk
-            chunks -= op.summary_chunks
-            first_ns += sum(op.gaps_ns[:op.summary_chunks])
+        if op.summary_chunks and gaps is not None:  # timed from the answer's first chunk
+            skipped = op.summary_chunks
+            chunks -= skipped
+            first_ns += sum(gaps[:skipped])
+    if op.tool_waits and gaps is not None:  # the service running a tool of its own decodes nothing
+        waited_ns = sum(gaps[index] for index in op.tool_waits if skipped <= index < len(gaps))
     if not op.request.stream or tokens is None or tokens < 2 or chunks < 2:
         return None
-    return (op.last_content_ns - first_ns) / _NS / (tokens - 1)
+    return (op.last_content_ns - first_ns - waited_ns) / _NS / (tokens - 1)
 
 
 def _content_attributes(op: Operation) -> dict[str, str]:

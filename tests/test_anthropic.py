@@ -965,6 +965,36 @@ def test_no_content_and_no_secrets_by_default(otel: Captured) -> None:
     assert API_KEY not in recorded and "x-api-key" not in recorded.lower()
 
 
+def test_time_per_output_token_leaves_out_a_server_tools_wait(otel: Captured) -> None:
+    """The web search runs on the service: 300 ms with no decoding between the text before it and after."""
+    events = wa.message_events([("text", list("abc")), ("text", list("def"))], usage=wa.Usage(input=9, output=7))
+    second_text = next(i for i, (name, data) in enumerate(events)
+                       if name == "content_block_start" and data["index"] == 1)
+    search = [("content_block_start", {"type": "content_block_start", "index": 1, "content_block": {
+                  "type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}}}),
+              ("content_block_delta", {"type": "content_block_delta", "index": 1,
+                                       "delta": {"type": "input_json_delta", "partial_json": '{"query":"q"}'}}),
+              ("content_block_stop", {"type": "content_block_stop", "index": 1}),
+              ("content_block_start", {"type": "content_block_start", "index": 2, "content_block": {
+                  "type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []}}),
+              ("content_block_stop", {"type": "content_block_stop", "index": 2})]
+    for _, data in events[second_text:]:  # the answer's second text block comes after the search's two
+        if data.get("index") == 1:
+            data["index"] = 3
+    events[second_text:second_text] = search
+    deltas = [i for i, (name, _) in enumerate(events) if name == "content_block_delta"]
+    delays = [0.0] * len(events)
+    for i in deltas[1:]:
+        delays[i] = 0.02
+    delays[deltas[4]] = 0.3  # the first text after the search result
+    client, _ = sync_client([wa.stream_reply(events, delays=delays)])
+    list(client.messages.create(**REQUEST, stream=True))
+    attrs = attributes(otel.span())
+    assert attrs[sc.MAX_CHUNK_GAP] >= 0.3  # the wait is seen where it happened
+    # 7 output tokens over 5 gaps of 20 ms: the search is not decoding
+    assert attrs[sc.TIME_PER_OUTPUT_TOKEN] == pytest.approx(0.02 * 5 / 6, abs=0.004)
+
+
 def test_a_key_the_server_quotes_in_its_error_is_not_recorded(otel: Captured) -> None:
     client, _ = sync_client([wire.Reply.json(wa.error_body("authentication_error", f"invalid x-api-key {API_KEY}"),
                                              status=401)])

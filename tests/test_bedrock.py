@@ -488,6 +488,113 @@ def test_invoke_model_stream_reads_every_chunk_format(instrument: Instrument, fm
     assert attrs.get(sc.PROVIDER_TIME_TO_FIRST_BYTE) == (0.12 if with_metrics else None)
 
 
+@pytest.mark.parametrize("name", ["nova", "claude-messages", "llama"])
+def test_invoke_stream_input_counts_the_cache_bedrocks_metrics_give(otel: Captured, name: str) -> None:
+    """The model's JSON gives the input without the cache; Bedrock's metrics in the last chunk give the cache
+    counts: the input counts them in, whichever came first."""
+    fmt, usage = wb.FORMAT[name], wb.Tokens(input=12, output=3, cache_read=1000, cache_write=200)
+    chunks = fmt.stream(TOKENS, usage)
+    if name == "claude-messages":  # a message_start that names no cache (a model or region without caching)
+        del chunks[0]["message"]["usage"]["cache_read_input_tokens"]
+        del chunks[0]["message"]["usage"]["cache_creation_input_tokens"]
+    metrics = wb.invocation_metrics(usage, latency_ms=100, first_byte_ms=20)
+    with bedrock([wb.stream_reply(wb.invoke_stream(chunks, metrics))]) as (client, _):
+        list(client.invoke_model_with_response_stream(modelId=fmt.model_id, body=json.dumps(fmt.request("hi")))[
+            "body"])
+    attrs = attributes(otel.span())
+    assert (attrs[sc.USAGE_INPUT_TOKENS], attrs[sc.USAGE_CACHE_READ_INPUT_TOKENS],
+            attrs[sc.USAGE_CACHE_CREATION_INPUT_TOKENS]) == (1212, 1000, 200)
+    (point,) = [p for p in otel.points(sc.STABLE_NAMES.token_usage.name) if p.attributes[sc.TOKEN_TYPE] == "input"]
+    assert point.sum == 1212
+
+
+def _claude_events(blocks: list[list[dict[str, Any]]], output_tokens: int,
+                   thinking_tokens: int | None = None) -> list[dict[str, Any]]:
+    """Claude's messages stream as Bedrock frames it: each block its start, deltas and stop."""
+    usage: dict[str, Any] = {"output_tokens": output_tokens}
+    if thinking_tokens is not None:
+        usage["output_tokens_details"] = {"thinking_tokens": thinking_tokens}
+    events: list[dict[str, Any]] = [{"type": "message_start", "message": {
+        "id": "msg_bdrk_1", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5", "content": [],
+        "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 30, "output_tokens": 1}}}]
+    for index, (start, *deltas) in enumerate(blocks):
+        events += [{"type": "content_block_start", "index": index, "content_block": start},
+                   *({"type": "content_block_delta", "index": index, "delta": delta} for delta in deltas),
+                   {"type": "content_block_stop", "index": index}]
+    return [*events, {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                      "usage": usage}, {"type": "message_stop"}]
+
+
+def _text_block(tokens: list[str]) -> list[dict[str, Any]]:
+    return [{"type": "text", "text": ""}, *({"type": "text_delta", "text": token} for token in tokens)]
+
+
+@pytest.mark.parametrize("shown", [False, True], ids=["thinking omitted", "thinking streamed"])
+def test_invoke_stream_tpot_counts_the_thinking_tokens_that_streamed(otel: Captured, shown: bool) -> None:
+    """Claude's thinking omitted (its block carries only a signature): the 2000 thinking tokens in the output count
+    never streamed, and the answer's 5 tokens, 20 ms apart, are what TPOT times. Streamed, they count."""
+    thinking = [{"type": "thinking", "thinking": "", "signature": ""},
+                *([{"type": "thinking_delta", "thinking": "Hmm."}] if shown else []),
+                {"type": "signature_delta", "signature": "EqQBCgIYAhIM"}]
+    events = _claude_events([thinking, _text_block(list("abcde"))], output_tokens=2005 if not shown else 7,
+                            thinking_tokens=2000 if not shown else 2)
+    first_text = next(i for i, e in enumerate(events) if e.get("delta", {}).get("type") == "text_delta")
+    delays = [0.0] * first_text + [0.05] + [0.02] * 4
+    with bedrock([wb.stream_reply(wb.invoke_stream(events, None), delays=delays)]) as (client, _):
+        list(client.invoke_model_with_response_stream(modelId=MODEL, body=json.dumps(CLAUDE.request("hi")))["body"])
+    attrs = attributes(otel.span())
+    assert attrs[sc.USAGE_REASONING_OUTPUT_TOKENS] == (2 if shown else 2000)
+    assert attrs[sc.CONTENT_CHUNKS] == 5 + shown
+    # streamed: 7 tokens over the thinking chunk, the 50 ms to the answer and its 4 gaps of 20 ms
+    expected = (0.05 + 0.08) / 6 if shown else 0.02
+    assert attrs[sc.TIME_PER_OUTPUT_TOKEN] == pytest.approx(expected, abs=0.004)
+
+
+def test_invoke_stream_tpot_leaves_out_a_server_tools_wait(otel: Captured) -> None:
+    """Claude's web search runs on the service: 300 ms with no decoding between the text before and after."""
+    search = [{"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}},
+              {"type": "input_json_delta", "partial_json": '{"query":"q"}'}]
+    result = [{"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []}]
+    events = _claude_events([_text_block(list("abc")), search, result, _text_block(list("def"))], output_tokens=7)
+    deltas = [i for i, e in enumerate(events) if e["type"] == "content_block_delta"]
+    delays = [0.0] * len(events)
+    for i in deltas[1:]:
+        delays[i] = 0.02
+    delays[deltas[4]] = 0.3  # after the search result: the first text after it
+    with bedrock([wb.stream_reply(wb.invoke_stream(events, None), delays=delays)]) as (client, _):
+        list(client.invoke_model_with_response_stream(modelId=MODEL, body=json.dumps(CLAUDE.request("hi")))["body"])
+    attrs = attributes(otel.span())
+    assert attrs[sc.MAX_CHUNK_GAP] >= 0.3  # the wait is seen where it happened
+    assert attrs[sc.TIME_PER_OUTPUT_TOKEN] == pytest.approx(0.02 * 5 / 6, abs=0.004)
+
+
+@pytest.mark.parametrize("payloads, chunks", [
+    ([{"choices": [{"index": 0, "message": {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "function": {"name": "get_weather", "arguments": "{}"}}]}, "stop_reason": "tool_calls"}]}], 1),
+    ([{"is_finished": False, "event_type": "stream-start", "generation_id": "g1"},
+      {"is_finished": False, "event_type": "tool-calls-chunk", "tool_call_delta": {"index": 0, "name": "get_weather"}},
+      {"is_finished": False, "event_type": "tool-calls-chunk", "tool_call_delta": {"index": 0, "parameters": "{}"}},
+      {"is_finished": False, "event_type": "tool-calls-generation",
+       "tool_calls": [{"name": "get_weather", "parameters": {}}]},
+      {"is_finished": True, "event_type": "stream-end", "finish_reason": "COMPLETE"}], 2),
+    ([{"is_finished": False, "event_type": "stream-start", "generation_id": "g1"},
+      {"is_finished": False, "event_type": "tool-calls-generation",
+       "tool_calls": [{"name": "get_weather", "parameters": {}}]},
+      {"is_finished": True, "event_type": "stream-end", "finish_reason": "COMPLETE"}], 1),
+], ids=["mistral chat", "cohere chat", "cohere chat, calls written whole"])
+def test_invoke_stream_of_tool_calls_has_a_first_token(otel: Captured, payloads: list[dict[str, Any]],
+                                                       chunks: int) -> None:
+    """An answer that is only a tool call: the call written is the output, and its first chunk the first token."""
+    delays = [0.0] * len(payloads)
+    delays[1 if len(payloads) > 1 else 0] = 0.05
+    with bedrock([wb.stream_reply(wb.invoke_stream(payloads, None), delays=delays)]) as (client, _):
+        list(client.invoke_model_with_response_stream(modelId="mistral.mistral-large-2407-v1:0",
+                                                      body=json.dumps({"messages": []}))["body"])
+    attrs = attributes(otel.span())
+    assert attrs[sc.CONTENT_CHUNKS] == chunks
+    assert attrs[sc.RESPONSE_TIME_TO_FIRST_CHUNK] >= 0.05
+
+
 def test_invoke_model_of_an_embedding_model_is_an_embeddings_operation(otel: Captured) -> None:
     usage = wb.Tokens(input=6, output=0)
     reply = wb.invoke_reply({"embedding": [0.1, -0.2], "inputTextTokenCount": 6},

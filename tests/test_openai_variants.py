@@ -413,6 +413,28 @@ def test_responses_time_per_output_token_is_the_answers_own_after_unseen_reasoni
     assert (attrs[sc.RESPONSE_TIME_TO_FIRST_CHUNK] < 0.1) is summary
 
 
+def test_responses_time_per_output_token_leaves_out_a_hosted_tools_wait(otel: Captured) -> None:
+    """A web search the service runs between two stretches of text: 300 ms with no decoding."""
+    search = {"id": "ws_1", "type": "web_search_call", "status": "completed"}
+    text = [("response.output_text.delta", {**_ANSWER_AT, "delta": token, "logprobs": []}) for token in "abcdef"]
+    events = _responses_events(
+        ("response.created", {"response": wire._response("resp_1", "gpt-5", "in_progress", [], None)}),
+        *text[:3],
+        ("response.web_search_call.in_progress", {"output_index": 1, "item_id": "ws_1"}),
+        ("response.web_search_call.searching", {"output_index": 1, "item_id": "ws_1"}),
+        ("response.web_search_call.completed", {"output_index": 1, "item_id": "ws_1"}),
+        *text[3:],
+        ("response.completed", {"response": wire._response("resp_1", "gpt-5", "completed", [search],
+                                                           wire.Usage(input=9, output=6))}),
+    )
+    delays = [0, 0, 0.02, 0.02, 0, 0, 0, 0.3, 0.02, 0.02]
+    client, _ = sync_client([wire.Reply.stream(events, delays=delays)])
+    list(client.responses.create(model="gpt-5", input="news?", tools=[{"type": "web_search"}], stream=True))
+    attrs = attributes(otel.span())
+    assert attrs[sc.MAX_CHUNK_GAP] >= 0.3
+    assert attrs[sc.TIME_PER_OUTPUT_TOKEN] == pytest.approx(0.02 * 4 / 5, abs=0.004)
+
+
 @pytest.mark.parametrize("event, data", [
     ("response.shell_call_command.delta", {"output_index": 0, "delta": "ls -la"}),
     ("response.output_text.delta", {**_ANSWER_AT, "delta": "x", "logprobs": []}),

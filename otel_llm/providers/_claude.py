@@ -89,3 +89,10 @@ def gather_event(output: Output, event: Any) -> None:
         if field(block, "type") == "tool_use":
             output.choice().tool_call(field(event, "index"), field(block, "id"), field(block, "name"),
                                       whole=ct.plain(field(block, "input")))
+
+
+def is_server_tool_result(block_type: object) -> bool:
+    """A block of the answer holding what a tool the service ran itself found (web_search_tool_result,
+    code_execution_tool_result, mcp_tool_result, ...): the model waited on it, decoding nothing. Results of the
+    caller's own tools come in requests, never in an answer."""
+    return isinstance(block_type, str) and block_type.endswith("_tool_result")

@@ -242,6 +242,8 @@ class _Messages:
                 return DONE
         elif event == "message_stop":
             return DONE
+        elif event == "content_block_start" and _claude.is_server_tool_result(chunk.content_block.type):
+            op.waiting_on_a_tool()
         return OTHER
 
     def gather(self, op: Operation, chunk: Any) -> None:

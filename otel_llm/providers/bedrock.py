@@ -194,15 +194,18 @@ def _sdk_call(client: Any, method: str) -> dict[str, Any]:
 def _note_usage(op: Operation, input_tokens: object, output_tokens: object, cache_read: object = None,
                 cache_write: object = None) -> None:
     """Record the counts given (None: not in this message). Bedrock leaves cached input out of its input count;
-    the conventions count it in, and report it on its own too."""
+    the conventions count it in, and report it on its own too: whichever of them comes first (the model's JSON,
+    or Bedrock's metrics at the stream's end)."""
+    uncached = count(input_tokens)
+    if uncached is None and op.input_tokens is not None:  # noted before: without the cache it counted then
+        uncached = op.input_tokens - (op.cache_read_tokens or 0) - (op.cache_creation_tokens or 0)
     read, write = count(cache_read), count(cache_write)
     if read is not None:
         op.cache_read_tokens = read
     if write is not None:
         op.cache_creation_tokens = write
-    tokens = count(input_tokens)
-    if tokens is not None:
-        op.input_tokens = tokens + (op.cache_read_tokens or 0) + (op.cache_creation_tokens or 0)
+    if uncached is not None:
+        op.input_tokens = uncached + (op.cache_read_tokens or 0) + (op.cache_creation_tokens or 0)
     tokens = count(output_tokens)
     if tokens is not None:
         op.output_tokens = tokens
@@ -304,8 +307,14 @@ def _read_claude(op: Operation, payload: Mapping[str, Any]) -> int:
         delta = payload.get("delta", {})
         if _note_text(op, delta.get("text")) == CONTENT:
             return CONTENT
-        return CONTENT if delta.get("partial_json") or delta.get("thinking") else OTHER
-    if kind == "message_start":
+        if delta.get("thinking"):
+            op.reasoning_streamed = True  # the thinking tokens are among those streamed
+            return CONTENT
+        return CONTENT if delta.get("partial_json") else OTHER  # a signature alone is no output
+    if kind == "content_block_start":
+        if _claude.is_server_tool_result(payload.get("content_block", {}).get("type")):
+            op.waiting_on_a_tool()
+    elif kind == "message_start":
         _read_claude_message(op, payload.get("message", {}), final=False)
     elif kind == "message_delta":
         _note_finish(op, payload.get("delta", {}).get("stop_reason"))
@@ -325,10 +334,15 @@ def _read_claude_message(op: Operation, message: Mapping[str, Any], *, final: bo
 
 
 def _read_claude_usage(op: Operation, usage: object, *, final: bool = True) -> None:
-    """A stream's message_start has only a placeholder for output (1): output is read from final usage only."""
+    """A stream's message_start has only a placeholder for output (1): output is read from final usage only, with
+    the thinking tokens in it (which the stream may not have shown: thinking omitted or redacted)."""
     if isinstance(usage, Mapping):
         _note_usage(op, usage.get("input_tokens"), usage.get("output_tokens") if final else None,
                     usage.get("cache_read_input_tokens"), usage.get("cache_creation_input_tokens"))
+        details = usage.get("output_tokens_details")
+        thinking = count(details.get("thinking_tokens")) if final and isinstance(details, Mapping) else None
+        if thinking is not None:
+            op.reasoning_tokens = thinking
 
 
 def _read_claude_text(op: Operation, payload: Mapping[str, Any]) -> int:
@@ -363,9 +377,14 @@ def _read_cohere(op: Operation, payload: Mapping[str, Any]) -> int:
     if isinstance(response_id, str):
         op.response_id = response_id
     _note_finish(op, payload.get("finish_reason"))
-    if payload.get("event_type", "text-generation") != "text-generation":
-        return OTHER
-    return _note_text(op, payload.get("text"))
+    event = payload.get("event_type", "text-generation")
+    if event == "text-generation":
+        return _note_text(op, payload.get("text"))
+    if event == "tool-calls-chunk":  # chat's tool calls as they are written
+        return CONTENT if payload.get("tool_call_delta") else OTHER
+    if event == "tool-calls-generation" and not op.first_content_ns:  # written whole, with no chunks before
+        return CONTENT if payload.get("tool_calls") else OTHER
+    return OTHER
 
 
 def _read_mistral(op: Operation, payload: Mapping[str, Any]) -> int:
@@ -375,7 +394,7 @@ def _read_mistral(op: Operation, payload: Mapping[str, Any]) -> int:
         _note_finish(op, choice.get("stop_reason") or choice.get("finish_reason"))
         message = choice.get("message") or choice.get("delta")
         text = message.get("content") if isinstance(message, Mapping) else choice.get("text")
-        if _note_text(op, text) == CONTENT:
+        if _note_text(op, text) == CONTENT or (isinstance(message, Mapping) and message.get("tool_calls")):
             kind = CONTENT
     return kind
 

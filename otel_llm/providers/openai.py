@@ -78,6 +78,15 @@ _RESPONSES_CONTENT_EVENTS = frozenset({
     "response.shell_call_command.delta",
 })
 _RESPONSES_FINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+# a tool the service runs itself (hosted tools) has finished: the model waited on it, decoding nothing
+_RESPONSES_HOSTED_TOOL_DONE = frozenset({
+    "response.web_search_call.completed",
+    "response.file_search_call.completed",
+    "response.code_interpreter_call.completed",
+    "response.image_generation_call.completed",
+    "response.mcp_call.completed",
+    "response.mcp_call.failed",
+})
 
 
 # --- request side ----------------------------------------------------------------------------------------------
@@ -689,6 +698,8 @@ class _Responses(_Endpoint):
         if event == "response.created":
             op.response_id = chunk.response.id
             op.response_model = chunk.response.model
+        elif event in _RESPONSES_HOSTED_TOOL_DONE:
+            op.waiting_on_a_tool()
         return OTHER
 
 
