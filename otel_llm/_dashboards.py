@@ -480,9 +480,11 @@ def _workload_row() -> list[tuple[Json, int, int]]:
 
 
 def _outcomes_row(config: RuleConfig) -> list[tuple[Json, int, int]]:
-    headroom_by = [MODEL, RATE_LIMIT_RESOURCE]
-    remaining = f"min by ({', '.join(headroom_by)}) ({series(RATE_LIMIT_REMAINING, '', function='last_over_time')})"
-    limit = f"max by ({', '.join(headroom_by)}) ({series(RATE_LIMIT_LIMIT, '', function='last_over_time')})"
+    # each endpoint's own share (its remaining over its own limit), then the least of a model's endpoints: the least
+    # remaining over the largest limit of two endpoints would be neither's
+    remaining = f"({series(RATE_LIMIT_REMAINING, '', function='last_over_time')})"
+    limit = f"({series(RATE_LIMIT_LIMIT, '', function='last_over_time')})"
+    headroom = f"min by ({MODEL}, {RATE_LIMIT_RESOURCE}) ({remaining} / {limit})"
     return [
         (timeseries("Errors/s by type",
                     "Failed operations per second by error.type (the exception's class name; cancelled and "
@@ -502,9 +504,9 @@ def _outcomes_row(config: RuleConfig) -> list[tuple[Json, int, int]]:
                     "reqps", bars=True), 12, 8),
         (timeseries("Rate-limit headroom",
                     "Remaining requests or tokens divided by the limit, from the rate-limit headers of the latest "
-                    "response (gauges, only for providers that send them). Under the red line (10%) the next burst "
-                    "will be throttled.",
-                    _targets((f"{remaining} / {limit}", legend(MODEL, RATE_LIMIT_RESOURCE))),
+                    "response (gauges, only for providers that send them); of a model served by several endpoints, "
+                    "the one with the least. Under the red line (10%) the next burst will be throttled.",
+                    _targets((headroom, legend(MODEL, RATE_LIMIT_RESOURCE))),
                     "percentunit", line=0.1), 12, 8),
     ]
 

@@ -272,6 +272,9 @@ class _Traffic:
                     headroom = identity | {sc.RATE_LIMIT_RESOURCE: resource}
                     self.remaining.set(500 - i, headroom)
                     self.limit.set(1000, headroom)
+                    if model == "model-a":  # a second endpoint of it, with a larger limit and nearly all of it left
+                        self.remaining.set(9_990, headroom | {sc.SERVER_ADDRESS: "eu.api.example"})
+                        self.limit.set(10_000, headroom | {sc.SERVER_ADDRESS: "eu.api.example"})
 
 
 @pytest.fixture(scope="module")
@@ -326,6 +329,16 @@ def test_the_p99_panel_sees_both_name_sets_alike(prometheus: prom.Prometheus) ->
         by_job.setdefault(sample["metric"]["job"], {})[sample["metric"][_dashboards.MODEL]] = float(sample["value"][1])
     assert by_job["svc-stable"] == pytest.approx(by_job["svc-latest"])
     assert set(by_job["svc-stable"]) == {"model-a", "model-b"}
+
+
+def test_the_headroom_panel_shows_the_endpoint_with_the_least_left(prometheus: prom.Prometheus) -> None:
+    """Each endpoint's remaining over its own limit, the least of a model's: model-a has 48.1% left at one endpoint
+    and 99.9% at the other (the least remaining over the largest limit, 4.8%, is neither's)."""
+    (expr,) = [expr for where, expr in _queries() if where.startswith("Rate-limit headroom")]
+    shown = {tuple(sorted(s["metric"].items())): float(s["value"][1]) for s in prometheus.query(_substitute(expr))}
+    assert shown == pytest.approx({((_dashboards.MODEL, model), (_dashboards.RATE_LIMIT_RESOURCE, resource)):
+                                   (500 - 19) / 1000 for model in ("model-a", "model-b")
+                                   for resource in (sc.RATE_LIMIT_REQUESTS, sc.RATE_LIMIT_TOKENS)})
 
 
 def test_the_real_prometheus_loads_and_evaluates_the_alert_rules(prometheus: prom.Prometheus) -> None:
