@@ -4,6 +4,7 @@ SDK's own Prometheus exporter, under both metric-name sets."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import pytest
 import yaml
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry
 
@@ -465,6 +467,23 @@ def test_grafana_provisioning_links_exemplars_to_tempo_and_loads_the_dashboards(
     loaded = _host_path("grafana", providers[0]["options"]["path"])
     assert loaded == DASHBOARDS.resolve()
     assert sorted(p.name for p in loaded.glob("*.json")) == sorted(render_dashboards())
+
+
+def test_panel_rate_windows_span_four_of_the_sdks_default_pushes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stack's Collector serves a new value once per push of the SDK: Grafana's $__rate_interval (four times
+    the datasource's interval) must hold four pushes at the SDK's default export interval, or a panel's rate
+    jumps between a step and none."""
+    monkeypatch.delenv("OTEL_METRIC_EXPORT_INTERVAL", raising=False)
+    reader = PeriodicExportingMetricReader(ConsoleMetricExporter(out=io.StringIO()))
+    try:
+        push_s = reader._export_interval_millis / 1000
+    finally:
+        reader.shutdown()
+    datasources = _yaml(_host_path("grafana", "/etc/grafana/provisioning/datasources/datasources.yml"))
+    (prometheus,) = [d for d in datasources["datasources"] if d["type"] == "prometheus"]
+    interval = prometheus["jsonData"]["timeInterval"]
+    seconds = int(interval[:-1]) * {"s": 1, "m": 60}[interval[-1]]
+    assert seconds >= push_s
 
 
 def test_an_output_directory_that_cannot_be_made_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
