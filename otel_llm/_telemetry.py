@@ -584,9 +584,11 @@ def _time_per_output_token(op: Operation) -> float | None:
     count, and with one content chunk (however many tokens it holds, their spread in time cannot be seen). Reasoning
     tokens a model keeps to itself (counted in OpenAI's output tokens) never reach the stream, and waits on tools
     the service runs itself are not spent decoding."""
+    if not op.request.stream or op.output_tokens is None:
+        return None
     tokens, chunks, first_ns, waited_ns = op.output_tokens, op.content_chunks, op.first_content_ns, 0
     gaps, skipped = op.gaps_ns, 0  # gaps before the window
-    if tokens is not None and op.reasoning_tokens and not op.reasoning_streamed:
+    if op.reasoning_tokens and not op.reasoning_streamed:
         tokens -= op.reasoning_tokens
         if op.summary_chunks and gaps is not None:  # timed from the answer's first chunk
             skipped = op.summary_chunks
@@ -594,7 +596,7 @@ def _time_per_output_token(op: Operation) -> float | None:
             first_ns += sum(gaps[:skipped])
     if op.tool_waits and gaps is not None:  # the service running a tool of its own decodes nothing
         waited_ns = sum(gaps[index] for index in op.tool_waits if skipped <= index < len(gaps))
-    if not op.request.stream or tokens is None or tokens < 2 or chunks < 2:
+    if tokens < 2 or chunks < 2:
         return None
     return (op.last_content_ns - first_ns - waited_ns) / _NS / (tokens - 1)
 

@@ -33,7 +33,7 @@ def field(value: Any, name: str) -> Any:
     if isinstance(value, dict):
         return value.get(name)
     found = getattr(value, name, None)
-    if found is None and isinstance(value, Mapping):
+    if found is None and value is not None and isinstance(value, Mapping):
         return value.get(name)
     return found
 
