@@ -9,7 +9,6 @@ They subclass wrapt's proxy so ``isinstance(proxy, openai.Stream)`` and every SD
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import time
 from array import array
@@ -388,9 +387,12 @@ class ResponseProxy(_ResponseLifecycle):
         if kwargs.get("to") is None or self._self_op.request.stream:  # a stream of the caller's class is a stream
             return self._self_hand_out(parsed)
         if not self._self_op.finished:  # the body, in, parsed to a type of the caller's: read the client's own
-            # a structured-output parser refusing the answer: not what the caller asked for
-            with contextlib.suppress(Exception):
-                self._self_hand_out(self.__wrapped__.parse())
+            try:
+                own = self.__wrapped__.parse()
+            except Exception:  # a structured-output parser refusing the answer: not what the caller asked for
+                own = None
+            if own is not None:
+                self._self_hand_out(own)
         self._self_telemetry.finish(self._self_op)
         return parsed
 
@@ -422,8 +424,12 @@ class AsyncResponseProxy(_ResponseLifecycle):
         if kwargs.get("to") is None or self._self_op.request.stream:  # as ResponseProxy's
             return self._self_hand_out(parsed)
         if not self._self_op.finished:
-            with contextlib.suppress(Exception):
-                self._self_hand_out(await self.__wrapped__.parse())
+            try:
+                own = await self.__wrapped__.parse()
+            except Exception:
+                own = None
+            if own is not None:
+                self._self_hand_out(own)
         self._self_telemetry.finish(self._self_op)
         return parsed
 
