@@ -93,7 +93,12 @@ def series(source: Source, suffix: str, *, extra: str = "", window: str = RATE, 
 
 
 def total(source: Source, suffix: str, by: Sequence[str] = (), **options: str) -> str:
-    return f"sum{_by(by)}{' ' if by else ''}({series(source, suffix, **options)})"
+    """The sum of each name set's family, added where both have the group (an instance that switched sets within
+    the window) and each alone elsewhere, as the alert rules take them (``_rules.sum_by``)."""
+    sums = [f"sum{_by(by)}{' ' if by else ''}({series((family,), suffix, **options)})" for family in source]
+    if len(sums) == 1:
+        return sums[0]
+    return f"(({' + '.join(sums)}) or {' or '.join(sums)})"
 
 
 def quantile(q: float, source: Source, by: Sequence[str] = (), *, window: str = RATE, offset: str = "") -> str:

@@ -1,9 +1,9 @@
 """Prometheus recording and alerting rules for the metrics otel_llm emits (DESIGN.md section 6).
 
 ``render_rules(RuleConfig())`` is the text of ``grafana/alerts/otel_llm_rules.yml``; ``otel-llm rules`` renders it
-with other thresholds. Every query accepts both metric-name sets of DESIGN.md section 3 (per series ``a or b``
-inside the aggregation: on one instance that switches sets, the old names win until they leave the window) and
-both bucket spellings (``le="2"`` from the Collector, ``le="2.0"`` from the Python exporter).
+with other thresholds. Every query accepts both metric-name sets of DESIGN.md section 3 (each summed on its own and
+the two added where a group has both, as an instance that switches sets has for a window's length) and both bucket
+spellings (``le="2"`` from the Collector, ``le="2.0"`` from the Python exporter).
 """
 
 from __future__ import annotations
@@ -204,12 +204,19 @@ def sum_by(
     matchers: str = "",
     offset: str = "",
 ) -> str:
-    """``sum by (by) (function(a[window]) or function(b[window]))`` over every name set's family."""
+    """``sum by (by) (function(a[window]))`` of each name set's family, added where both have the group (an instance
+    that switched name sets within the window: its old series still hold the time before the switch, the new ones
+    the time after) and each alone elsewhere: ``((A + B) or A or B)``."""
     selector = f"{{{matchers}}}" if matchers else ""
     shift = f" offset {offset}" if offset else ""
-    calls = [f"{function}({family}{suffix}{selector}[{window}]{shift})" for family in families]
-    inner = "  " + calls[0] if len(calls) == 1 else "\n  or\n".join(_indent(c, 4) for c in calls)
-    return f"sum by ({', '.join(by)}) (\n{inner}\n)"
+    sums = [f"sum by ({', '.join(by)}) (\n  {function}({family}{suffix}{selector}[{window}]{shift})\n)"
+            for family in families]
+    if len(sums) == 1:
+        return sums[0]
+    if len(sums) != 2:
+        raise ValueError(f"two name sets, not {len(sums)}: {families}")
+    both = f"(\n{_indent(sums[0], 2)}\n  +\n{_indent(sums[1], 2)}\n)"
+    return f"(\n{_indent(both, 2)}\n  or\n{_indent(sums[0], 2)}\n  or\n{_indent(sums[1], 2)}\n)"
 
 
 @dataclass(frozen=True, slots=True)
