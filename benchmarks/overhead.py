@@ -219,15 +219,19 @@ def side_by_side(workload: Workload,
     return _summary(measured)
 
 
+# the five attributes that name a GenAI operation, as every floor's span starts with them
+FLOOR_ATTRIBUTES: dict[str, AttributeValue] = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai",
+                                               "gen_ai.request.model": "gpt-4o-mini",
+                                               "server.address": "api.openai.com", "server.port": 443}
+
+
 def span_floor(workload: Workload) -> tuple[float, float, float, float]:
     """As ``side_by_side``, with otel_llm not installed: the "on" request is the client's own, inside one SDK span
     started with the five attributes that name a GenAI operation and ended after the response is read to its end.
     The least any instrumentation that records a span adds here, before it measures or records anything."""
     tracer_provider = _pipeline()[0]
     tracer = tracer_provider.get_tracer("floor")
-    attributes: dict[str, AttributeValue] = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai",
-                                             "gen_ai.request.model": "gpt-4o-mini",
-                                             "server.address": "api.openai.com", "server.port": 443}
+    attributes = FLOOR_ATTRIBUTES
 
     def in_a_span(run: Callable[..., Any], client: Any, bare: Callable[..., Any]) -> Any:
         span = tracer.start_span("chat gpt-4o-mini", kind=SpanKind.CLIENT, attributes=attributes)
@@ -257,9 +261,7 @@ def minimal_floor(workload: Workload) -> tuple[float, float, float, float]:
     tracer, meter = tracer_provider.get_tracer("floor"), meter_provider.get_meter("floor")
     duration = meter.create_histogram("gen_ai.client.operation.duration", unit="s")
     tokens = meter.create_histogram("gen_ai.client.token.usage", unit="{token}")
-    attributes: dict[str, AttributeValue] = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai",
-                                             "gen_ai.request.model": "gpt-4o-mini",
-                                             "server.address": "api.openai.com", "server.port": 443}
+    attributes = FLOOR_ATTRIBUTES
 
     def recorded(run: Callable[..., Any], client: Any, bare: Callable[..., Any]) -> Any:
         span = tracer.start_span("chat gpt-4o-mini", kind=SpanKind.CLIENT, attributes=attributes)

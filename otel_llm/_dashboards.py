@@ -96,9 +96,12 @@ def total(source: Source, suffix: str, by: Sequence[str] = (), **options: str) -
     """The sum of each name set's family, added where both have the group (an instance that switched sets within
     the window) and each alone elsewhere, as the alert rules take them (``_rules.sum_by``)."""
     sums = [f"sum{_by(by)}{' ' if by else ''}({series((family,), suffix, **options)})" for family in source]
-    if len(sums) == 1:
-        return sums[0]
-    return f"(({' + '.join(sums)}) or {' or '.join(sums)})"
+    return sums[0] if len(sums) == 1 else added(*sums)
+
+
+def added(first: str, second: str) -> str:
+    """``_rules.added`` on one line: the two added for the groups both have, either alone for the others."""
+    return f"(({first} + {second}) or {first} or {second})"
 
 
 def quantile(q: float, source: Source, by: Sequence[str] = (), *, window: str = RATE, offset: str = "") -> str:
@@ -126,7 +129,7 @@ def streams(by: Sequence[str] = (), window: str = RATE) -> str:
     not_by_caller = total(DURATION, "_count", by, extra=f'{STREAM}="true", {_rules.NOT_CALLER_ENDED}',
                           window=window)
     by_caller_after_a_token = total(TTFT, "_count", by, extra=_rules.CALLER_ENDED, window=window)
-    return f"(({not_by_caller} + {by_caller_after_a_token}) or {not_by_caller} or {by_caller_after_a_token})"
+    return added(not_by_caller, by_caller_after_a_token)
 
 
 def fast_share(config: RuleConfig, by: Sequence[str] = (), window: str = RATE) -> str:

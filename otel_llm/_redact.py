@@ -16,8 +16,8 @@ def exception_attributes(exception: BaseException, secrets: Sequence[str],
                          hide_content: bool) -> dict[str, str] | None:
     """``exception.message`` and ``exception.stacktrace`` to write in place of the SDK's, or None when its own hold
     neither content (``hide_content``) nor one of ``secrets``."""
-    replace = [(str(error), _without_input(error)) for error in _chain(exception)
-               if hide_content and _quotes_input(error) and str(error)]
+    replace = [(text, _without_input(error)) for error in _chain(exception)
+               if hide_content and _quotes_input(error) and (text := str(error))]
     if not replace and not secrets:
         return None
     message, stacktrace = str(exception), _stacktrace(exception)

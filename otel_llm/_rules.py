@@ -215,8 +215,14 @@ def sum_by(
         return sums[0]
     if len(sums) != 2:
         raise ValueError(f"two name sets, not {len(sums)}: {families}")
-    both = f"(\n{_indent(sums[0], 2)}\n  +\n{_indent(sums[1], 2)}\n)"
-    return f"(\n{_indent(both, 2)}\n  or\n{_indent(sums[0], 2)}\n  or\n{_indent(sums[1], 2)}\n)"
+    return added(*sums)
+
+
+def added(first: str, second: str) -> str:
+    """``((first + second) or first or second)``: the two added for the groups both have (a sum of two vectors keeps
+    only those), either alone for the others."""
+    both = f"(\n{_indent(first, 2)}\n  +\n{_indent(second, 2)}\n)"
+    return f"(\n{_indent(both, 2)}\n  or\n{_indent(first, 2)}\n  or\n{_indent(second, 2)}\n)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,9 +330,7 @@ def _streams(function: str, window: str) -> str:
                            matchers=f'{STREAM}="true", {NOT_CALLER_ENDED}')
     by_caller_after_a_token = sum_by(function, _ttft_families(), "_count", window, by=GROUP_LABELS,
                                      matchers=CALLER_ENDED)
-    # a sum of two vectors keeps only the groups both have
-    both = f"(\n{_indent(not_by_caller, 2)}\n  +\n{_indent(by_caller_after_a_token, 2)}\n)"
-    return f"{both}\nor\n{not_by_caller}\nor\n{by_caller_after_a_token}"
+    return added(not_by_caller, by_caller_after_a_token)
 
 
 def _slo_burn(config: RuleConfig) -> RuleGroup:

@@ -9,6 +9,7 @@ They subclass wrapt's proxy so ``isinstance(proxy, openai.Stream)`` and every SD
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import time
 from array import array
@@ -359,6 +360,18 @@ class _ResponseLifecycle(_Holder):
         self._self_parsed = (parsed, handed)
         return handed
 
+    def _self_parsed_to_callers_type(self, kwargs: dict[str, Any]) -> bool:
+        """``parse(to=str)`` of a whole body: the caller's object is not ours to read; the client's own object of the
+        same body is (``_self_read_own``). A stream of the caller's class (``to=MyStream``) is a stream all the
+        same."""
+        return kwargs.get("to") is not None and not self._self_op.request.stream
+
+    def _self_read_own(self, own: Any) -> None:
+        """The client's own object of a body the caller parsed to its own type (None: it has none), then the end."""
+        if own is not None:
+            self._self_hand_out(own)
+        self._self_telemetry.finish(self._self_op)
+
     def _self_fail(self, exc: BaseException) -> None:
         try:
             self._self_read_error(self._self_op, exc)
@@ -384,16 +397,14 @@ class ResponseProxy(_ResponseLifecycle):
         except BaseException as exc:
             self._self_fail(exc)
             raise
-        if kwargs.get("to") is None or self._self_op.request.stream:  # a stream of the caller's class is a stream
+        if not self._self_parsed_to_callers_type(kwargs):
             return self._self_hand_out(parsed)
-        if not self._self_op.finished:  # the body, in, parsed to a type of the caller's: read the client's own
-            try:
+        own = None
+        if not self._self_op.finished:
+            # a structured-output parser refusing the answer: not what the caller asked for
+            with contextlib.suppress(Exception):
                 own = self.__wrapped__.parse()
-            except Exception:  # a structured-output parser refusing the answer: not what the caller asked for
-                own = None
-            if own is not None:
-                self._self_hand_out(own)
-        self._self_telemetry.finish(self._self_op)
+        self._self_read_own(own)
         return parsed
 
 
@@ -421,16 +432,13 @@ class AsyncResponseProxy(_ResponseLifecycle):
         except BaseException as exc:
             self._self_fail(exc)
             raise
-        if kwargs.get("to") is None or self._self_op.request.stream:  # as ResponseProxy's
+        if not self._self_parsed_to_callers_type(kwargs):
             return self._self_hand_out(parsed)
+        own = None
         if not self._self_op.finished:
-            try:
+            with contextlib.suppress(Exception):  # as ResponseProxy's
                 own = await self.__wrapped__.parse()
-            except Exception:
-                own = None
-            if own is not None:
-                self._self_hand_out(own)
-        self._self_telemetry.finish(self._self_op)
+        self._self_read_own(own)
         return parsed
 
     async def close(self) -> None:

@@ -488,10 +488,10 @@ def _texts(payload: Mapping[str, Any]) -> list[tuple[int, str | None, str | None
     """The output text of a body or chunk of Claude's text completions, Llama, Titan, Cohere or Mistral, by choice,
     and why it stopped when it says (Cohere's finish_reason, Titan's completionReason, Mistral's stop_reason): a
     body's results, generations, outputs or choices are one each (a chunk's carry their index)."""
-    found: list[tuple[int, object, object]] = [(0, payload.get(key), None)
-                                               for key in ("completion", "generation", "outputText")]
+    found: list[tuple[int, str | None, str | None]] = [(0, _words(payload.get(key)), None)
+                                                       for key in ("completion", "generation", "outputText")]
     if payload.get("event_type", "text-generation") == "text-generation":
-        found.append((0, payload.get("text"), None))
+        found.append((0, _words(payload.get("text")), None))
     items = payload.get("results") or payload.get("generations") or payload.get("outputs") or payload.get("choices")
     for position, item in enumerate(ct.listed(items)):
         if not isinstance(item, Mapping):
@@ -500,10 +500,12 @@ def _texts(payload: Mapping[str, Any]) -> list[tuple[int, str | None, str | None
         text = message.get("content") if isinstance(message, Mapping) else item.get("text", item.get("outputText"))
         index = item.get("index")
         reason = item.get("finish_reason") or item.get("completionReason") or item.get("stop_reason")
-        found.append((index if isinstance(index, int) else position, text, reason))
-    return [(index, text if isinstance(text, str) and text else None, reason if isinstance(reason, str) else None)
-            for index, text, reason in found
-            if (isinstance(text, str) and text) or (isinstance(reason, str) and reason)]
+        found.append((index if isinstance(index, int) else position, _words(text), _words(reason)))
+    return [(index, text, reason) for index, text, reason in found if text or reason]
+
+
+def _words(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 # --- endpoints ---------------------------------------------------------------------------------------------------
