@@ -32,7 +32,7 @@ from otel_llm._operation import Operation, Request
 from otel_llm._recording import _NO_EXEMPLAR, Batch, Histogram, NsPoint, Point, Series, flush_all
 from otel_llm._redact import exception_attributes
 from otel_llm._safety import report_failure
-from otel_llm._spans import set_attributes
+from otel_llm._spans import QuietStart, set_attributes
 
 if TYPE_CHECKING:
     from opentelemetry._logs import Logger
@@ -64,6 +64,7 @@ class Telemetry:
         # then call straight through, or through the round running by then
         self.retired = False
         self._tracer = tracer
+        self._quiet_start = QuietStart(tracer)
         self._logger = logger if settings.capture_content.on_event else None
         self._gap_rate = settings.chunk_gap_sample_rate
         names = settings.metric_names
@@ -108,16 +109,17 @@ class Telemetry:
         if _LATER:
             write_later()
         attributes = _identity(request)
+        quiet = self._quiet_start()  # nothing looks at them now: they wait for the finish
         name = f"{request.operation} {request.model}" if request.model else request.operation
         start_epoch_ns = time.time_ns()
         try:
-            span = self._tracer.start_span(name, kind=SpanKind.CLIENT, attributes=attributes,
+            span = self._tracer.start_span(name, kind=SpanKind.CLIENT, attributes=None if quiet else attributes,
                                            start_time=start_epoch_ns)
         except Exception:  # a span processor's on_start, say: the span is lost, the metrics need not be
             report_failure("span start")
             span = trace.INVALID_SPAN
         op = Operation(request=request, start_ns=0, start_epoch_ns=start_epoch_ns, span=span,
-                       context=trace.set_span_in_context(span))
+                       context=trace.set_span_in_context(span), start_attributes=attributes if quiet else None)
         if request.stream:
             op.gaps_ns = array("q")
             op.record_gaps = self._gap_rate >= 1.0 or (self._gap_rate > 0 and random.random() < self._gap_rate)
@@ -213,7 +215,8 @@ class Telemetry:
             span.end(end_time=end_epoch_ns)
             return
         request = op.request
-        attributes: dict[str, Any] = {sc.REQUEST_STREAM: request.stream}
+        attributes: dict[str, Any] = dict(op.start_attributes) if op.start_attributes else {}
+        attributes[sc.REQUEST_STREAM] = request.stream
         if request.prompt_chars is not None:
             attributes[sc.PROMPT_LENGTH] = request.prompt_chars
         attributes.update(request.attributes)

@@ -17,6 +17,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import openai
 import pydantic
 import pytest
@@ -36,7 +37,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import StatusCode
 
 import otel_llm
-from otel_llm import _instrumentor, _safety, _telemetry
+from otel_llm import _instrumentor, _operation, _safety, _telemetry
 from otel_llm import _semconv as sc
 from otel_llm._patching import Client
 from otel_llm.providers import openai as openai_adapter
@@ -75,6 +76,37 @@ def test_retry_then_success_is_one_ok_span(otel: Captured) -> None:
     attrs = attributes(otel.span())
     assert attrs[sc.RETRIES] == 1
     assert sc.ERROR_TYPE not in attrs
+
+
+@pytest.mark.parametrize(("headers", "retry_after"), [
+    ({"retry-after": "2", "retry-after-ms": "1500"}, 1.5),  # the finer one wins
+    ({"Retry-After": "Wed, 21 Oct 2026 07:28:00 GMT"}, None),  # a date is not a duration: left out
+], ids=["ms wins", "http date"])
+def test_rate_limit_headers_whatever_their_case(otel: Captured, headers: dict[str, str],
+                                                retry_after: float | None) -> None:
+    limits = {name.title(): value for name, value in wire.openai_ratelimit_headers(500, 7, 9000, 8000).items()}
+    client, _ = sync_client([wire.Reply.json(wire.chat_completion_body("pq"), status=429,
+                                             headers={**limits, **headers})])
+    with pytest.raises(openai.RateLimitError):
+        client.chat.completions.create(model="m", messages=MESSAGES)
+    attrs = attributes(otel.span())
+    assert attrs.get(sc.RETRY_AFTER) == retry_after
+    assert (attrs[sc.RATE_LIMIT_REMAINING_PREFIX + sc.RATE_LIMIT_REQUESTS],
+            attrs[sc.RATE_LIMIT_LIMIT_PREFIX + sc.RATE_LIMIT_TOKENS]) == (7, 9000)
+
+
+def test_headers_of_a_class_we_do_not_know_are_read_from_their_raw_pairs() -> None:
+    """httpx and httpx2 keep each name lower-cased beside it, which we read; any other class (a release that
+    changed that) is read from its ``raw`` name and value pairs, in whatever case, to the same result."""
+    known = wire.openai_ratelimit_headers(500, 7, 9000, 8000) | {"retry-after-ms": "250"}
+    raw = types.SimpleNamespace(raw=[(name.title().encode(), value.encode()) for name, value in known.items()])
+    read = []
+    for headers in (httpx2.Headers(known), raw):
+        op = _operation.Operation(request=None, start_ns=0, start_epoch_ns=0,  # type: ignore[arg-type]
+                                  span=None, context=None)  # type: ignore[arg-type]
+        openai_adapter._HEADERS.read(op, headers)
+        read.append((op.rate_limits, op.retry_after))
+    assert read[0] == read[1] == ({"requests": (7, 500), "tokens": (8000, 9000)}, 0.25)
 
 
 def test_timeout_is_recorded_by_class_name(otel: Captured) -> None:

@@ -577,6 +577,24 @@ def test_a_client_pointed_elsewhere_reports_its_new_server(otel: Captured) -> No
         sc.PROVIDER_GROQ, "api.groq.com", 8443)
 
 
+def test_the_module_level_client_reports_the_server_it_is_pointed_at(otel: Captured,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """``openai.chat.completions.create`` with ``openai.base_url`` set: that global is the client's base URL, read at
+    every call, and moving it moves the next span's server."""
+    http, _ = wire.mock_client(openai_server(tokens=TOKENS, usage=USAGE))
+    for name, value in (("_client", None), ("api_key", "k"), ("http_client", http),
+                        ("base_url", "https://api.groq.com/openai/v1")):
+        monkeypatch.setattr(openai, name, value)
+    openai.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[attr-defined]
+    monkeypatch.setattr(openai, "base_url", "http://gpu-box:8000/v1")
+    openai.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[attr-defined]
+    first, second = (attributes(span) for span in otel.spans())
+    assert (first[sc.PROVIDER_NAME], first[sc.SERVER_ADDRESS], first[sc.SERVER_PORT]) == (
+        sc.PROVIDER_GROQ, "api.groq.com", 443)
+    assert (second[sc.PROVIDER_NAME], second[sc.SERVER_ADDRESS], second[sc.SERVER_PORT]) == (
+        "openai", "gpu-box", 8000)
+
+
 @pytest.mark.parametrize(("parameters", "expected"), [
     ({}, {}),
     ({"temperature": 0.0, "top_p": 0.9, "frequency_penalty": -0.5, "presence_penalty": 1, "seed": 7},

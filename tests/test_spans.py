@@ -6,9 +6,21 @@ import logging
 from typing import Any
 
 import pytest
+import wire
+from conftest import Captured, Instrument, openai_server, sync_client
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_ON,
+    Decision,
+    ParentBased,
+    ParentBasedTraceIdRatio,
+    Sampler,
+    SamplingResult,
+    TraceIdRatioBased,
+)
 
+import otel_llm
 from otel_llm import _spans
 from otel_llm._spans import set_attributes
 
@@ -71,6 +83,17 @@ def test_values_that_are_not_plain_take_the_public_api(value: object) -> None:
     assert seen(direct) == seen(public)
 
 
+@pytest.mark.parametrize("key", ["", 1], ids=["empty", "not a str"])
+def test_keys_that_are_not_plain_take_the_public_api(key: Any) -> None:
+    direct, public = spans()
+    set_attributes(direct, {key: "v", "y": 1})
+    public.set_attributes({key: "v", "y": 1})
+    direct.end()
+    public.end()
+    assert seen(direct) == seen(public)
+    assert key not in dict(seen(direct)[0])  # the SDK drops it, or writes it as a str
+
+
 def test_an_ended_span_is_left_alone_with_the_sdks_warning(caplog: pytest.LogCaptureFixture) -> None:
     direct, _ = spans()
     direct.end()
@@ -111,3 +134,81 @@ def test_internals_that_are_not_as_expected_fall_back(monkeypatch: pytest.Monkey
     direct.end()
     public.end()
     assert seen(direct) == seen(public)
+
+
+# --- a span's first attributes: at its start only where something there looks at them --------------------------
+
+IDENTITY = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai", "gen_ai.request.model": "m",
+            "server.address": "api.openai.com", "server.port": 443}
+
+
+def _call(instrument: Instrument, sampler: Any = None) -> Captured:
+    otel = instrument(sampler)
+    client, _ = sync_client(openai_server(tokens=["a", "b"], usage=wire.Usage(input=3, output=2)))
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    return otel
+
+
+def test_the_sdks_own_sampler_and_processors_get_the_same_span_from_a_quiet_start(
+        instrument: Instrument, monkeypatch: pytest.MonkeyPatch) -> None:
+    quiet = _call(instrument).span()
+    monkeypatch.setattr(_spans.QuietStart, "__call__", lambda self: False)
+    otel_llm.uninstrument()
+    loud = _call(instrument).span()
+    assert quiet.attributes is not None and loud.attributes is not None
+    assert list(quiet.attributes) == list(loud.attributes)  # the same names, in the same order
+    assert {name: quiet.attributes[name] for name in IDENTITY} == {name: loud.attributes[name] for name in IDENTITY}
+    assert list(quiet.attributes)[:5] == list(IDENTITY)
+
+
+class _Looking(Sampler):
+    """A sampler of the application's own, which may decide by the attributes a span starts with."""
+
+    def __init__(self) -> None:
+        self.given: list[dict[str, Any]] = []
+
+    def should_sample(self, parent_context: Any, trace_id: int, name: str, kind: Any = None,
+                      attributes: Any = None, links: Any = None, trace_state: Any = None) -> SamplingResult:
+        self.given.append(dict(attributes or {}))
+        return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes)
+
+    def get_description(self) -> str:
+        return "looking"
+
+
+def test_a_sampler_of_the_applications_own_is_given_the_attributes_at_the_start(instrument: Instrument) -> None:
+    sampler = _Looking()
+    _call(instrument, ParentBased(sampler))
+    assert sampler.given == [IDENTITY]
+
+
+def test_a_span_processor_added_later_sees_them_at_the_start(instrument: Instrument) -> None:
+    otel = _call(instrument)
+    started: list[dict[str, Any]] = []
+
+    class Watching(SpanProcessor):
+        def on_start(self, span: Any, parent_context: Any = None) -> None:
+            started.append(dict(span.attributes))
+
+    otel.tracer_provider.add_span_processor(Watching())
+    client, _ = sync_client(openai_server(tokens=["a"], usage=wire.Usage(input=3, output=1)))
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert started == [IDENTITY]
+    assert all(dict(span.attributes or {}).items() >= IDENTITY.items() for span in otel.spans())
+
+
+@pytest.mark.parametrize("tracer", [
+    TracerProvider(sampler=TraceIdRatioBased(0.5)).get_tracer("t"),
+    TracerProvider(sampler=ParentBasedTraceIdRatio(0.5)).get_tracer("t"),
+], ids=["ratio", "parent-based ratio"])
+def test_the_sdks_samplers_decide_without_them(tracer: Any) -> None:
+    assert _spans.QuietStart(tracer)()
+
+
+@pytest.mark.parametrize("tracer", [
+    TracerProvider(sampler=ParentBased(ALWAYS_ON, remote_parent_sampled=_Looking())).get_tracer("t"),
+    trace.NoOpTracer(),
+    trace.ProxyTracer("t"),
+], ids=["own sampler under a parent-based one", "not the SDK's tracer", "proxy tracer"])
+def test_anything_else_starts_with_them(tracer: Any) -> None:
+    assert not _spans.QuietStart(tracer)()

@@ -5,6 +5,7 @@ whose body is parsed the same way."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import time
 from collections.abc import Sequence
@@ -42,36 +43,54 @@ def request_secrets(error: BaseException) -> tuple[str, ...]:
     return bearer_secrets([*values, key] if isinstance(key, str) else values)
 
 
-def _number(raw: bytes) -> float | None:
-    try:
-        return float(raw)
-    except ValueError:  # an HTTP date in retry-after is not a duration we can use without guessing at clocks
-        return None
+def _listed_headers() -> tuple[type, ...]:
+    """The header classes of httpx and httpx2, which keep each header's name lower-cased beside it (``_list``)."""
+    found = []
+    for package in ("httpx", "httpx2"):
+        try:
+            headers = importlib.import_module(package).Headers
+        except (ImportError, AttributeError):
+            continue
+        listed = getattr(headers([("X-A", "1")]), "_list", None)
+        if listed == [(b"X-A", b"x-a", b"1")]:  # as read here, or not at all
+            found.append(headers)
+    return tuple(found)
+
+
+_LISTED_HEADERS = frozenset(_listed_headers())
+_FIRST, _SECOND, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
+
+
+_RETRY_AFTER, _RETRY_AFTER_MS = b"retry-after", b"retry-after-ms"
 
 
 class ResponseHeaders:
     """Reads one client's rate-limit headers: ``(resource, remaining header, limit header)`` per resource."""
 
     def __init__(self, rate_limits: Sequence[tuple[str, str, str]]) -> None:
-        self._rate_limits = tuple(rate_limits)
-        names = ("retry-after", "retry-after-ms", *(name for _, *pair in rate_limits for name in pair))
-        self._wanted = {name.encode(): name for name in names}
+        self._rate_limits = tuple((resource, remaining.encode(), limit.encode())
+                                  for resource, remaining, limit in rate_limits)
+        self._wanted = frozenset(name for _, *pair in self._rate_limits for name in pair) | {_RETRY_AFTER,
+                                                                                              _RETRY_AFTER_MS}
 
     def read(self, op: Operation, headers: Any) -> None:
         """Rate-limit headroom and retry-after from the raw headers, their names lower-cased once (the client's own
         lookup by name walks every header each time)."""
-        raw = getattr(headers, "raw", None)
-        if not raw:
-            return
-        # lower-cased names to values, built at C speed: a Python step per header costs more than the lookups
-        values = dict(zip(map(bytes.lower, map(itemgetter(0), raw)), map(itemgetter(1), raw), strict=True))
-        found: dict[str, float] = {}
-        for wanted, name in self._wanted.items():
-            value = values.get(wanted)
-            if value is not None:
-                number = _number(value)
-                if number is not None:
-                    found[name] = number
+        if type(headers) in _LISTED_HEADERS:  # (name, lower-cased name, value) each: the lower-cased names are in
+            listed = headers._list
+            values = dict(zip(map(_SECOND, listed), map(_THIRD, listed), strict=True))
+        else:
+            raw = getattr(headers, "raw", None)
+            if not raw:
+                return
+            # lower-cased names to values, built at C speed: a Python step per header costs more than the lookups
+            values = dict(zip(map(bytes.lower, map(_FIRST, raw)), map(_SECOND, raw), strict=True))
+        found: dict[bytes, float] = {}
+        for name in values.keys() & self._wanted:
+            try:
+                found[name] = float(values[name])
+            except ValueError:  # an HTTP date in retry-after is not a duration we can use without guessing at clocks
+                continue
         if not found:
             return
         op.rate_limits_ns = time.perf_counter_ns()
@@ -79,10 +98,10 @@ class ResponseHeaders:
             remaining, limit = found.get(remaining_key), found.get(limit_key)
             if remaining is not None or limit is not None:
                 op.rate_limits[resource] = (remaining, limit)
-        if "retry-after-ms" in found:
-            op.retry_after = found["retry-after-ms"] / 1000
-        elif "retry-after" in found:
-            op.retry_after = found["retry-after"]
+        if _RETRY_AFTER_MS in found:
+            op.retry_after = found[_RETRY_AFTER_MS] / 1000
+        elif _RETRY_AFTER in found:
+            op.retry_after = found[_RETRY_AFTER]
 
     def base_client_targets(self, package: str) -> tuple[Target, ...]:
         """Hooks on ``{package}._base_client``: headers when a response arrives, and each retry."""

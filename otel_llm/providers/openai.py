@@ -94,8 +94,8 @@ _RESPONSES_HOSTED_TOOL_DONE = frozenset({
 
 def _provider_and_server(resource: Any) -> tuple[str, str | None, int | None]:
     client = getattr(resource, "_client", None)
-    url = getattr(client, "base_url", None)
     client_type = type(client)
+    url = _base_url(client, client_type)
     cached = _servers.get(id(url))
     if cached is not None and cached[0] is url and cached[1] is client_type:
         return cached[2]
@@ -117,6 +117,24 @@ def _provider_and_server(resource: Any) -> tuple[str, str | None, int | None]:
     return provider, host, port
 
 
+def _base_url(client: Any, client_type: type) -> Any:
+    """The client's base URL: the object it keeps, read straight where its base_url property only returns that
+    (openai 3.x's imports a module at every read, ~1 us). Another property (the module-level client's reads a
+    global) is asked every time."""
+    plain = _PLAIN_BASE_URL_TYPES.get(client_type)
+    if plain is None:
+        plain = getattr(client_type, "base_url", None) in _PLAIN_BASE_URL and getattr(
+            client, "base_url", None) is getattr(client, "_base_url", _MISSING)
+        if len(_PLAIN_BASE_URL_TYPES) < 256:
+            _PLAIN_BASE_URL_TYPES[client_type] = plain
+    return client._base_url if plain else getattr(client, "base_url", None)
+
+
+# the client classes' base_url properties that return their _base_url, and what was found of each client type
+_PLAIN_BASE_URL = frozenset(prop for owner in (openai.OpenAI, openai.AsyncOpenAI, openai._base_client.BaseClient)
+                            if isinstance(prop := vars(owner).get("base_url"), property))
+_PLAIN_BASE_URL_TYPES: dict[type, bool] = {}
+_MISSING = object()
 # id(base URL) -> (that URL, the client's type, what they tell): a client's URL object is read once, not per call
 _servers: dict[int, tuple[Any, type, tuple[str, str | None, int | None]]] = {}
 
