@@ -107,14 +107,8 @@ class Batch:
         first = points[0][0] if points else ns_points[0][0] if ns_points else None
         consumer = first._owner._consumer if first is not None else None
         if consumer is not None and first._owner._histogram._is_enabled():  # type: ignore[union-attr]
-            storages = consumer._reader_storages
-            count = len(points)
-            # negative, infinite and NaN values: the public API warns and drops them
-            if all(series._batched and series._storages is storages and 0 <= value < inf
-                   for series, value, _ in points) \
-                    and all(series._batched and series._storages is storages and (not values or min(values) >= 0)
-                            for series, values, _ in ns_points):
-                count += sum(len(values) for _, values, _ in ns_points)
+            count = _waiting_count(points, ns_points, consumer._reader_storages)
+            if count is not None:
                 if count:
                     self._put((points, ns_points, time_ns, _span_context(context)), count)
                 return
@@ -185,6 +179,21 @@ def _renew_locks() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_renew_locks)
+
+
+def _waiting_count(points: Sequence[Point], ns_points: Sequence[NsPoint], storages: Any) -> int | None:
+    """How many values wait in the batch, if every series takes them there (batched, of the reader storages the
+    meter has now), each a value the public API would take: negative, infinite and NaN values it warns of and
+    drops. None otherwise. Plain loops: generators cost more than the checks."""
+    for series, value, _ in points:
+        if not (series._batched and series._storages is storages and 0 <= value < inf):
+            return None
+    count = len(points)
+    for series, values, _ in ns_points:
+        if not (series._batched and series._storages is storages and (not values or min(values) >= 0)):
+            return None
+        count += len(values)
+    return count
 
 
 def _span_context(context: Context | None) -> Any:

@@ -20,6 +20,8 @@ _MAX_COUNT = 10**12
 
 def count(value: object) -> int | None:
     """A whole number of things, 0 to a trillion; some compatible servers write it as a float (12.0)."""
+    if type(value) is int:  # nearly always: no type walk
+        return value if 0 <= value <= _MAX_COUNT else None
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_COUNT:

@@ -507,10 +507,11 @@ class _Endpoint:
         if not (self.stream_usage and op.request.stream and settings.stream_usage):
             return kwargs
         headers = kwargs.get("extra_headers")
-        if isinstance(headers, Mapping) and RAW_RESPONSE_HEADER in headers:
+        if headers is not None and isinstance(headers, Mapping) and RAW_RESPONSE_HEADER in headers:
             return kwargs  # a raw response: its caller may read the SSE lines, where our chunk could not be hidden
-        if any(hasattr(type(value), "__next__") for value in kwargs.values()):
-            return kwargs  # an iterator argument (tools from a generator): a refused request could not go out again
+        for value in kwargs.values():
+            if hasattr(type(value), "__next__"):
+                return kwargs  # an iterator (tools from a generator): a refused request could not go out again
         if (op.request.server_address, op.request.server_port) in _NO_STREAM_OPTIONS:
             return kwargs
         # The client lays extra_body over the typed arguments: a stream_options there is the one the server gets.
@@ -522,9 +523,9 @@ class _Endpoint:
         elif not isinstance(extra, Mapping):
             return kwargs  # a body of the caller's own kind: not ours to rebuild
         options = extra.get("stream_options")
-        if not isinstance(options, Mapping):
+        if options is None or not isinstance(options, Mapping):
             options = kwargs.get("stream_options")
-            options = options if isinstance(options, Mapping) else {}
+            options = options if options is not None and isinstance(options, Mapping) else {}
         if "include_usage" in options:
             return kwargs  # the caller decided, either way
         op.hide_usage_chunk = True
