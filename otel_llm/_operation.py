@@ -46,8 +46,6 @@ class Operation(_WeaklyReferable):
     start_epoch_ns: int
     span: Any = None
     context: Any = None  # a Context holding the span: current during the SDK call, carried by metric records
-    # the span's first attributes when nothing at its start looked at them: written with the finish's
-    start_attributes: dict[str, Any] | None = None
     headers_ns: int = 0
     last_activity_ns: int = 0  # start, headers: what is known to have happened before any content
     # stream bookkeeping, O(1) per chunk (see _stream._sync_step): content chunk times and the gaps between them

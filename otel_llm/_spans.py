@@ -11,8 +11,9 @@ paths give identical spans.
 
 A span's first attributes go through that cleaning too, at its start, where they are given for the sampler's sake.
 ``QuietStart`` tells when nothing at the start looks at them: the SDK's own samplers (which decide on the trace id
-and the parent alone) and span processors (whose ``on_start`` does nothing). Those attributes can then wait, and be
-written with the finish's in one step.
+and the parent alone) and span processors (whose ``on_start`` does nothing). The span then starts without them and
+they are written right after, directly, before anything else can see the span. (A processor another thread adds
+while a span starts may see that one start without them; the SDK promises such a processor no start at all.)
 """
 
 from __future__ import annotations

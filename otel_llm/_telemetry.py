@@ -109,17 +109,19 @@ class Telemetry:
         if _LATER:
             write_later()
         attributes = _identity(request)
-        quiet = self._quiet_start()  # nothing looks at them now: they wait for the finish
+        quiet = self._quiet_start()  # nothing at the start reads them: written just after it, without the cleaning
         name = f"{request.operation} {request.model}" if request.model else request.operation
         start_epoch_ns = time.time_ns()
         try:
             span = self._tracer.start_span(name, kind=SpanKind.CLIENT, attributes=None if quiet else attributes,
                                            start_time=start_epoch_ns)
+            if quiet:
+                set_attributes(span, attributes)
         except Exception:  # a span processor's on_start, say: the span is lost, the metrics need not be
             report_failure("span start")
             span = trace.INVALID_SPAN
         op = Operation(request=request, start_ns=0, start_epoch_ns=start_epoch_ns, span=span,
-                       context=trace.set_span_in_context(span), start_attributes=attributes if quiet else None)
+                       context=trace.set_span_in_context(span))
         if request.stream:
             op.gaps_ns = array("q")
             op.record_gaps = self._gap_rate >= 1.0 or (self._gap_rate > 0 and random.random() < self._gap_rate)
@@ -215,8 +217,7 @@ class Telemetry:
             span.end(end_time=end_epoch_ns)
             return
         request = op.request
-        attributes: dict[str, Any] = dict(op.start_attributes) if op.start_attributes else {}
-        attributes[sc.REQUEST_STREAM] = request.stream
+        attributes: dict[str, Any] = {sc.REQUEST_STREAM: request.stream}
         if request.prompt_chars is not None:
             attributes[sc.PROMPT_LENGTH] = request.prompt_chars
         attributes.update(request.attributes)

@@ -595,6 +595,25 @@ def test_the_module_level_client_reports_the_server_it_is_pointed_at(otel: Captu
         "openai", "gpu-box", 8000)
 
 
+def test_a_base_url_property_patched_onto_the_client_class_later_is_asked(otel: Captured,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A library (or mock.patch with a PropertyMock) that replaces the class's base_url after the first call sends
+    the requests elsewhere: the spans follow it."""
+    http, _ = wire.mock_client(openai_server(tokens=TOKENS, usage=USAGE))
+
+    class Client(openai.OpenAI):
+        pass
+
+    client = Client(api_key="k", http_client=http, max_retries=0)
+    client.chat.completions.create(model="m", messages=MESSAGES)
+    monkeypatch.setattr(Client, "base_url", property(lambda self: httpx2.URL("https://gw.example.com:9443/v1/")),
+                        raising=False)
+    client.chat.completions.create(model="m", messages=MESSAGES)
+    first, second = (attributes(span) for span in otel.spans())
+    assert (first[sc.SERVER_ADDRESS], first[sc.SERVER_PORT]) == ("api.openai.com", 443)
+    assert (second[sc.SERVER_ADDRESS], second[sc.SERVER_PORT]) == ("gw.example.com", 9443)
+
+
 @pytest.mark.parametrize(("parameters", "expected"), [
     ({}, {}),
     ({"temperature": 0.0, "top_p": 0.9, "frequency_penalty": -0.5, "presence_penalty": 1, "seed": 7},

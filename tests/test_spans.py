@@ -9,7 +9,10 @@ import pytest
 import wire
 from conftest import Captured, Instrument, openai_server, sync_client
 from opentelemetry import trace
+from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_ON,
     Decision,
@@ -149,16 +152,49 @@ def _call(instrument: Instrument, sampler: Any = None) -> Captured:
     return otel
 
 
-def test_the_sdks_own_sampler_and_processors_get_the_same_span_from_a_quiet_start(
-        instrument: Instrument, monkeypatch: pytest.MonkeyPatch) -> None:
-    quiet = _call(instrument).span()
+def _call_with_a_hook(limits: SpanLimits | None = None) -> tuple[ReadableSpan, list[Any]]:
+    """A call whose HTTP client runs an application's request hook while our span is current: it reads the model
+    off the span, names the real upstream behind a gateway, and tags a tenant."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(span_limits=limits or SpanLimits())
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    otel_llm.instrument(tracer_provider=provider, meter_provider=MeterProvider())
+    seen: list[Any] = []
+
+    def hook(request: Any) -> None:
+        span = trace.get_current_span()
+        seen.append(dict(span.attributes).get("gen_ai.request.model"))  # type: ignore[attr-defined]
+        span.set_attribute("server.address", "upstream.internal")
+        span.set_attribute("app.tenant", "acme")
+
+    try:
+        client, _ = sync_client(openai_server(tokens=["a"], usage=wire.Usage(input=3, output=1)))
+        client._client.event_hooks = {"request": [hook]}
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    finally:
+        otel_llm.uninstrument()
+    (span,) = exporter.get_finished_spans()
+    return span, seen
+
+
+def test_a_quiet_start_gives_the_span_a_loud_one_gives(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the SDK's own sampler and processors the span starts without its five attributes and has them right
+    after: what the application does with the current span during the call, and a count limit, come out the same
+    as had it started with them."""
+    quiet, seen_quiet = _call_with_a_hook()
+    quiet_limited, _ = _call_with_a_hook(SpanLimits(max_span_attributes=len(quiet.attributes or {}) - 1))
     monkeypatch.setattr(_spans.QuietStart, "__call__", lambda self: False)
-    otel_llm.uninstrument()
-    loud = _call(instrument).span()
+    loud, seen_loud = _call_with_a_hook()
+    loud_limited, _ = _call_with_a_hook(SpanLimits(max_span_attributes=len(loud.attributes or {}) - 1))
+    assert seen_quiet == seen_loud == ["m"]
     assert quiet.attributes is not None and loud.attributes is not None
     assert list(quiet.attributes) == list(loud.attributes)  # the same names, in the same order
-    assert {name: quiet.attributes[name] for name in IDENTITY} == {name: loud.attributes[name] for name in IDENTITY}
-    assert list(quiet.attributes)[:5] == list(IDENTITY)
+    assert list(quiet.attributes)[:6] == ["gen_ai.operation.name", "gen_ai.provider.name", "gen_ai.request.model",
+                                          "server.port", "server.address", "app.tenant"]  # set again: moved last
+    assert quiet.attributes["server.address"] == loud.attributes["server.address"] == "upstream.internal"
+    assert quiet_limited.attributes is not None and loud_limited.attributes is not None
+    assert list(quiet_limited.attributes) == list(loud_limited.attributes)
+    assert "gen_ai.operation.name" not in quiet_limited.attributes  # the oldest went, as the SDK drops
 
 
 class _Looking(Sampler):

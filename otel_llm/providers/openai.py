@@ -118,23 +118,26 @@ def _provider_and_server(resource: Any) -> tuple[str, str | None, int | None]:
 
 
 def _base_url(client: Any, client_type: type) -> Any:
-    """The client's base URL: the object it keeps, read straight where its base_url property only returns that
-    (openai 3.x's imports a module at every read, ~1 us). Another property (the module-level client's reads a
-    global) is asked every time."""
-    plain = _PLAIN_BASE_URL_TYPES.get(client_type)
-    if plain is None:
-        plain = getattr(client_type, "base_url", None) in _PLAIN_BASE_URL and getattr(
-            client, "base_url", None) is getattr(client, "_base_url", _MISSING)
-        if len(_PLAIN_BASE_URL_TYPES) < 256:
-            _PLAIN_BASE_URL_TYPES[client_type] = plain
+    """The client's base URL: the object it keeps, read straight where its class's base_url property is openai's
+    own and only returns that (openai 3.x's imports a module at every read, ~1 us). Any other property (the
+    module-level client's reads a global; one patched onto a class later) is asked every time."""
+    prop = getattr(client_type, "base_url", None)
+    if not isinstance(prop, property):
+        return getattr(client, "base_url", None)
+    plain = _PLAIN_BASE_URL.get(prop, False)
+    if plain is None:  # seen once per property: it must hand back the very object kept
+        plain = _PLAIN_BASE_URL[prop] = getattr(client, "base_url", None) is getattr(client, "_base_url", _MISSING)
     return client._base_url if plain else getattr(client, "base_url", None)
 
 
-# the client classes' base_url properties that return their _base_url, and what was found of each client type
-_PLAIN_BASE_URL = frozenset(prop for owner in (openai.OpenAI, openai.AsyncOpenAI, openai._base_client.BaseClient)
-                            if isinstance(prop := vars(owner).get("base_url"), property))
-_PLAIN_BASE_URL_TYPES: dict[type, bool] = {}
+# openai's own base_url properties (of OpenAI, AsyncOpenAI, BaseClient) -> whether they only return _base_url (None:
+# not seen yet)
+_PLAIN_BASE_URL: dict[property, bool | None] = {
+    prop: None for owner in (openai.OpenAI, openai.AsyncOpenAI, openai._base_client.BaseClient)
+    if isinstance(prop := vars(owner).get("base_url"), property)}
 _MISSING = object()
+
+
 # id(base URL) -> (that URL, the client's type, what they tell): a client's URL object is read once, not per call
 _servers: dict[int, tuple[Any, type, tuple[str, str | None, int | None]]] = {}
 
