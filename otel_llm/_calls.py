@@ -324,13 +324,12 @@ def _adopt(telemetry: Telemetry, endpoint: Endpoint, op: Operation, result: Any,
             return StreamProxy(result, op, telemetry, _observer(endpoint, op), endpoint.read_error)
         if kind is Kind.ASYNC_STREAM:
             return async_stream_proxy(result, op, telemetry, _observer(endpoint, op), endpoint.read_error)
+        if kind is Kind.RESPONSE or kind is Kind.ASYNC_RESPONSE:  # made only here: most results are complete
+            def adopt_parsed(op: Operation, parsed: Any) -> Any:
+                return _adopt(telemetry, endpoint, op, parsed, is_async=is_async)
 
-        def adopt_parsed(op: Operation, parsed: Any) -> Any:
-            return _adopt(telemetry, endpoint, op, parsed, is_async=is_async)
-
-        if kind is Kind.RESPONSE:
-            return response_proxy(result, op, telemetry, adopt_parsed, endpoint.read_error)
-        if kind is Kind.ASYNC_RESPONSE:
+            if kind is Kind.RESPONSE:
+                return response_proxy(result, op, telemetry, adopt_parsed, endpoint.read_error)
             return AsyncResponseProxy(result, op, telemetry, adopt_parsed, endpoint.read_error)
         endpoint.read(op, result)
     except Exception:

@@ -24,17 +24,15 @@ class CaptureContent(enum.Enum):
     EVENT_ONLY = "EVENT_ONLY"
     SPAN_AND_EVENT = "SPAN_AND_EVENT"
 
-    @property
-    def enabled(self) -> bool:
-        return self is not CaptureContent.NO_CONTENT
+    # plain attributes of each member, not properties: read on every call, where a property costs several times more
+    enabled: bool
+    on_span: bool
+    on_event: bool
 
-    @property
-    def on_span(self) -> bool:
-        return self in (CaptureContent.SPAN_ONLY, CaptureContent.SPAN_AND_EVENT)
-
-    @property
-    def on_event(self) -> bool:
-        return self in (CaptureContent.EVENT_ONLY, CaptureContent.SPAN_AND_EVENT)
+    def __init__(self, value: str) -> None:
+        self.enabled = value != "NO_CONTENT"
+        self.on_span = value in ("SPAN_ONLY", "SPAN_AND_EVENT")
+        self.on_event = value in ("EVENT_ONLY", "SPAN_AND_EVENT")
 
 
 @dataclass(frozen=True, slots=True)

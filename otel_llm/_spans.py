@@ -12,8 +12,9 @@ paths give identical spans.
 A span's first attributes go through that cleaning too, at its start, where they are given for the sampler's sake.
 ``QuietStart`` tells when nothing at the start looks at them: the SDK's own samplers (which decide on the trace id
 and the parent alone) and span processors (whose ``on_start`` does nothing). The span then starts without them and
-they are written right after, directly, before anything else can see the span. (A processor another thread adds
-while a span starts may see that one start without them; the SDK promises such a processor no start at all.)
+they are written right after, directly, before anything else can see the span (so without its locks: no other
+thread holds it yet). (A processor another thread adds while a span starts may see that one start without them; the
+SDK promises such a processor no start at all.)
 """
 
 from __future__ import annotations
@@ -43,31 +44,39 @@ except ImportError:  # another SDK: the public API only
 _PLAIN = frozenset((str, bool, int, float))
 
 
-def set_attributes(span: Any, attributes: Mapping[str, Any]) -> None:
-    """``span.set_attributes(attributes)``."""
+def set_attributes(span: Any, attributes: Mapping[str, Any], *, quiet_start: bool = False) -> None:
+    """``span.set_attributes(attributes)``. ``quiet_start``: the span has just started quietly (see ``QuietStart``),
+    and nobody else holds it yet."""
     if _direct and isinstance(span, SdkSpan) and _plain(attributes):
         try:
-            if _write(span, attributes):
+            if _write(span, attributes, quiet_start):
                 return
         except Exception:
             _off()
     span.set_attributes(attributes)
 
 
-def _write(span: Any, attributes: Mapping[str, Any]) -> bool:
+def _write(span: Any, attributes: Mapping[str, Any], quiet_start: bool) -> bool:
     store = span._attributes
     if type(store) is not BoundedAttributes or store.max_value_len is not None:
         return False
+    if quiet_start:  # no other thread can reach the span yet: its locks guard nothing (and cost more than the write)
+        return _put(store, attributes)
     with span._lock:
         if span._end_time is not None:  # ended: the public API warns
             return False
         with store._lock:
-            values = store._dict
-            if store._immutable or (store.maxlen is not None and len(values) + len(attributes) > store.maxlen):
-                return False
-            for key in values.keys() & attributes.keys():
-                del values[key]
-            values.update(attributes)
+            return _put(store, attributes)
+
+
+def _put(store: BoundedAttributes, attributes: Mapping[str, Any]) -> bool:
+    values = store._dict
+    if store._immutable or (store.maxlen is not None and len(values) + len(attributes) > store.maxlen):
+        return False
+    if not values.keys().isdisjoint(attributes.keys()):  # rare: the check costs less than an empty set
+        for key in values.keys() & attributes.keys():
+            del values[key]
+    values.update(attributes)
     return True
 
 

@@ -116,7 +116,7 @@ class Telemetry:
             span = self._tracer.start_span(name, kind=SpanKind.CLIENT, attributes=None if quiet else attributes,
                                            start_time=start_epoch_ns)
             if quiet:
-                set_attributes(span, attributes)
+                set_attributes(span, attributes, quiet_start=True)
         except Exception:  # a span processor's on_start, say: the span is lost, the metrics need not be
             report_failure("span start")
             span = trace.INVALID_SPAN
@@ -220,23 +220,27 @@ class Telemetry:
         attributes: dict[str, Any] = {sc.REQUEST_STREAM: request.stream}
         if request.prompt_chars is not None:
             attributes[sc.PROMPT_LENGTH] = request.prompt_chars
-        attributes.update(request.attributes)
+        if request.attributes:
+            attributes.update(request.attributes)
         if op.response_id is not None:
             attributes[sc.RESPONSE_ID] = op.response_id
         if op.response_model is not None:
             attributes[sc.RESPONSE_MODEL] = op.response_model
         if op.finish_reasons:
             attributes[sc.RESPONSE_FINISH_REASONS] = tuple(op.finish_reasons)
-        for key, value in (
-            (sc.USAGE_INPUT_TOKENS, op.input_tokens),
-            (sc.USAGE_OUTPUT_TOKENS, op.output_tokens),
-            (sc.USAGE_CACHE_READ_INPUT_TOKENS, op.cache_read_tokens),
-            (sc.USAGE_CACHE_CREATION_INPUT_TOKENS, op.cache_creation_tokens),
-            (sc.USAGE_REASONING_OUTPUT_TOKENS, op.reasoning_tokens),
-            (sc.RETRY_AFTER, op.retry_after),
-        ):
-            if value is not None:
-                attributes[key] = value
+        # one statement each: a loop over (key, value) pairs builds them all first
+        if op.input_tokens is not None:
+            attributes[sc.USAGE_INPUT_TOKENS] = op.input_tokens
+        if op.output_tokens is not None:
+            attributes[sc.USAGE_OUTPUT_TOKENS] = op.output_tokens
+        if op.cache_read_tokens is not None:
+            attributes[sc.USAGE_CACHE_READ_INPUT_TOKENS] = op.cache_read_tokens
+        if op.cache_creation_tokens is not None:
+            attributes[sc.USAGE_CACHE_CREATION_INPUT_TOKENS] = op.cache_creation_tokens
+        if op.reasoning_tokens is not None:
+            attributes[sc.USAGE_REASONING_OUTPUT_TOKENS] = op.reasoning_tokens
+        if op.retry_after is not None:
+            attributes[sc.RETRY_AFTER] = op.retry_after
         if request.stream:
             chunks = attributes[sc.CONTENT_CHUNKS] = op.content_chunks
             if op.first_content_ns:
@@ -252,12 +256,15 @@ class Telemetry:
         if op.hide_usage_chunk:
             attributes[sc.USAGE_INJECTED] = True
         for resource, (remaining, limit) in op.rate_limits.items():
+            remaining_key, limit_key = _RATE_LIMIT_ATTRIBUTES.get(resource) or _rate_limit_attributes(resource)
             if remaining is not None:
-                attributes[sc.RATE_LIMIT_REMAINING_PREFIX + resource] = remaining
+                attributes[remaining_key] = remaining
             if limit is not None:
-                attributes[sc.RATE_LIMIT_LIMIT_PREFIX + resource] = limit
-        attributes.update(op.attributes)
-        attributes.update(content)
+                attributes[limit_key] = limit
+        if op.attributes:
+            attributes.update(op.attributes)
+        if content:
+            attributes.update(content)
         if op.error_type is not None:
             attributes[sc.ERROR_TYPE] = op.error_type
             span.set_status(Status(StatusCode.ERROR, op.error_type))
@@ -282,19 +289,21 @@ class Telemetry:
         request = op.request
         key = _series_key(op)
         series = self._series.get(key) or self._new_series(key, op)
-        for resource, (remaining, limit) in op.rate_limits.items():
-            gauge_key = series.rate_limit_keys.get(resource) or series.rate_limit_key(resource)
+        if op.rate_limits:
+            keys, arrived_ns = series.rate_limit_keys, op.rate_limits_ns
             with _LATEST_LOCK:  # compare and store as one against other threads (a signal handler may re-enter)
-                for value, latest in ((remaining, _LATEST_REMAINING), (limit, _LATEST_LIMITS)):
-                    if value is None:
-                        continue
-                    previous = latest.get(gauge_key)
-                    if previous is None:
-                        if len(latest) >= _MAX_LATEST:
-                            del latest[next(iter(latest))]  # the series first seen: one in use comes back
-                    elif op.rate_limits_ns < previous[1]:
-                        continue
-                    latest[gauge_key] = (value, op.rate_limits_ns)
+                for resource, (remaining, limit) in op.rate_limits.items():
+                    gauge_key = keys.get(resource) or series.rate_limit_key(resource)
+                    for value, latest in ((remaining, _LATEST_REMAINING), (limit, _LATEST_LIMITS)):
+                        if value is None:
+                            continue
+                        previous = latest.get(gauge_key)
+                        if previous is None:
+                            if len(latest) >= _MAX_LATEST:
+                                del latest[next(iter(latest))]  # the series first seen: one in use comes back
+                        elif arrived_ns < previous[1]:
+                            continue
+                        latest[gauge_key] = (value, arrived_ns)
         # exemplars link a slow latency bucket to its trace; counts (prompt length, tokens) carry none
         points: list[Point] = [(series.duration, (op.end_ns - op.start_ns) / _NS, True)]
         gaps: tuple[NsPoint, ...] = ()
@@ -357,6 +366,16 @@ class Telemetry:
         )
         self._series[key] = series
         return series
+
+
+# resource -> its span attributes (remaining, limit), named once: the few resources providers' headers name
+_RATE_LIMIT_ATTRIBUTES: dict[str, tuple[str, str]] = {}
+
+
+def _rate_limit_attributes(resource: str) -> tuple[str, str]:
+    names = _RATE_LIMIT_ATTRIBUTES[resource] = (sc.RATE_LIMIT_REMAINING_PREFIX + resource,
+                                                sc.RATE_LIMIT_LIMIT_PREFIX + resource)
+    return names
 
 
 # Kinds of operation (attribute sets) whose series are kept resolved; the SDK's own cardinality limit is 2000

@@ -9,7 +9,6 @@ import importlib
 import inspect
 import time
 from collections.abc import Sequence
-from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from otel_llm._calls import hook
@@ -58,7 +57,6 @@ def _listed_headers() -> tuple[type, ...]:
 
 
 _LISTED_HEADERS = frozenset(_listed_headers())
-_FIRST, _SECOND, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
 _RETRY_AFTER, _RETRY_AFTER_MS = b"retry-after", b"retry-after-ms"
@@ -75,22 +73,23 @@ class ResponseHeaders:
 
     def read(self, op: Operation, headers: Any) -> None:
         """Rate-limit headroom and retry-after from the raw headers, their names lower-cased once (the client's own
-        lookup by name walks every header each time)."""
+        lookup by name walks every header each time). Plain loops: a dict of every header, even built at C speed,
+        costs more than a step per header."""
         if type(headers) in _LISTED_HEADERS:  # (name, lower-cased name, value) each: the lower-cased names are in
             listed = headers._list
-            values = dict(zip(map(_SECOND, listed), map(_THIRD, listed), strict=True))
         else:
             raw = getattr(headers, "raw", None)
             if not raw:
                 return
-            # lower-cased names to values, built at C speed: a Python step per header costs more than the lookups
-            values = dict(zip(map(bytes.lower, map(_FIRST, raw)), map(_SECOND, raw), strict=True))
+            listed = [(name, name.lower(), value) for name, value in raw]
+        wanted = self._wanted
         found: dict[bytes, float] = {}
-        for name in values.keys() & self._wanted:
-            try:
-                found[name] = float(values[name])
-            except ValueError:  # an HTTP date in retry-after is not a duration we can use without guessing at clocks
-                continue
+        for _, name, value in listed:
+            if name in wanted:  # a header given twice: its last value counts
+                try:
+                    found[name] = float(value)
+                except ValueError:  # an HTTP date in retry-after: not a duration we can use without guessing at clocks
+                    found.pop(name, None)
         if not found:
             return
         op.rate_limits_ns = time.perf_counter_ns()

@@ -256,11 +256,11 @@ _PARAMETERS = frozenset((*_NUMERIC_PARAMETERS, *_MAX_TOKENS_PARAMETERS, "n", "st
 def _request_parameters(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     attributes: dict[str, Any] = {}
     extra = kwargs.get("extra_body")
-    if isinstance(extra, Mapping) and extra.keys() & _PARAMETERS:  # the client lays it over the typed arguments
-        kwargs = {**kwargs, **extra}
-    given = kwargs.keys() & _PARAMETERS  # most calls pass none of them: look only at what was passed
-    if not given:
+    if extra is not None and isinstance(extra, Mapping) and not _PARAMETERS.isdisjoint(extra):
+        kwargs = {**kwargs, **extra}  # the client lays it over the typed arguments
+    if _PARAMETERS.isdisjoint(kwargs):  # most calls pass none of them
         return attributes
+    given = kwargs.keys() & _PARAMETERS  # look only at what was passed
     for key in given:
         name = _NUMERIC_PARAMETERS.get(key)
         value = number(kwargs[key])
@@ -486,7 +486,11 @@ class _Endpoint:
     def describe(self, instance: Any, kwargs: dict[str, Any], settings: Settings) -> Request:
         provider, host, port = _provider_and_server(instance)
         model = kwargs.get("model")
-        prompt = [kwargs[key] for key in self.prompt_keys if isinstance(kwargs.get(key), (str, list, tuple))]
+        prompt_chars: int | None = None
+        for key in self.prompt_keys:
+            prompt = kwargs.get(key)
+            if isinstance(prompt, (str, list, tuple)):
+                prompt_chars = (prompt_chars or 0) + _text_chars(prompt)
         request = Request(
             operation=self.operation,
             provider=provider,
@@ -494,7 +498,7 @@ class _Endpoint:
             server_address=host,
             server_port=port,
             stream=kwargs.get("stream") is True,
-            prompt_chars=_text_chars(prompt) if prompt else None,
+            prompt_chars=prompt_chars,
             attributes=_request_parameters(kwargs),
         )
         if settings.capture_content.enabled:
