@@ -228,19 +228,16 @@ class Telemetry:
             attributes[sc.RESPONSE_MODEL] = op.response_model
         if op.finish_reasons:
             attributes[sc.RESPONSE_FINISH_REASONS] = tuple(op.finish_reasons)
-        # one statement each: a loop over (key, value) pairs builds them all first
-        if op.input_tokens is not None:
-            attributes[sc.USAGE_INPUT_TOKENS] = op.input_tokens
-        if op.output_tokens is not None:
-            attributes[sc.USAGE_OUTPUT_TOKENS] = op.output_tokens
-        if op.cache_read_tokens is not None:
-            attributes[sc.USAGE_CACHE_READ_INPUT_TOKENS] = op.cache_read_tokens
-        if op.cache_creation_tokens is not None:
-            attributes[sc.USAGE_CACHE_CREATION_INPUT_TOKENS] = op.cache_creation_tokens
-        if op.reasoning_tokens is not None:
-            attributes[sc.USAGE_REASONING_OUTPUT_TOKENS] = op.reasoning_tokens
-        if op.retry_after is not None:
-            attributes[sc.RETRY_AFTER] = op.retry_after
+        for key, value in (
+            (sc.USAGE_INPUT_TOKENS, op.input_tokens),
+            (sc.USAGE_OUTPUT_TOKENS, op.output_tokens),
+            (sc.USAGE_CACHE_READ_INPUT_TOKENS, op.cache_read_tokens),
+            (sc.USAGE_CACHE_CREATION_INPUT_TOKENS, op.cache_creation_tokens),
+            (sc.USAGE_REASONING_OUTPUT_TOKENS, op.reasoning_tokens),
+            (sc.RETRY_AFTER, op.retry_after),
+        ):
+            if value is not None:
+                attributes[key] = value
         if request.stream:
             chunks = attributes[sc.CONTENT_CHUNKS] = op.content_chunks
             if op.first_content_ns:
