@@ -16,12 +16,15 @@ Three views, all in this thread's CPU time (other processes on a shared 2-core m
    ChatCompletion. Per chunk in total = chunk path + the finish's cost per extra chunk (the sampled gap records).
 3. End to end as in 1, under what a user can choose that changes our cost: spans sampled out (a sampler that
    records none, as a low trace ratio does for most requests), no usage asked for on streams
-   (OTEL_LLM_STREAM_USAGE=false), and both. Each run checks that its configuration took effect.
+   (OTEL_LLM_STREAM_USAGE=false), and both; and the least a stream can cost us: no usage asked for and no chunk gaps
+   recorded (OTEL_LLM_CHUNK_GAP_SAMPLE_RATE=0). Each run checks that its configuration took effect.
 4. The floor, as in 1 but without otel_llm: the client's own requests against the same requests each inside one SDK
    span (started with the five attributes that name a GenAI operation, ended once the response is read). The least
-   that any instrumentation recording a span adds here, before it measures or records anything. And for a
-   non-streamed call, the least a conforming one adds: that span with the response's attributes, and the duration
-   and token counts recorded through the SDK's public API.
+   that any instrumentation recording a span adds here, before it measures or records anything. And the least a
+   conforming one adds: for a non-streamed call, that span with the response's attributes, and the duration and
+   token counts recorded through the SDK's public API; for a stream, that span with the response's attributes and
+   the time to the first content chunk, found as the chunks pass, and the duration and that time recorded (one that
+   asks for no usage and records no chunk gaps, as the last configuration of 3).
 
 Telemetry goes to a real SDK pipeline: a TracerProvider with a BatchSpanProcessor (exporter dropping spans) and a
 MeterProvider with an in-memory reader. Our histogram values wait in a batch until a reader collects; the work of
@@ -62,7 +65,7 @@ import otel_llm
 from otel_llm._calls import sync_call
 from otel_llm._export import sdk_enabled
 from otel_llm._operation import Operation
-from otel_llm._settings import STREAM_USAGE_ENV, Settings, load_settings
+from otel_llm._settings import GAP_SAMPLE_RATE_ENV, STREAM_USAGE_ENV, Settings, load_settings
 from otel_llm._stream import StreamProxy
 from otel_llm._telemetry import Telemetry
 from otel_llm.providers import openai as openai_adapter
@@ -157,11 +160,17 @@ class Workload:
 
 @dataclass(frozen=True)
 class Configuration:
-    """What a user can choose that changes our cost: whether spans are sampled, whether streams ask for usage."""
+    """What a user can choose that changes our cost: whether spans are sampled, whether streams ask for usage,
+    whether a stream's chunk gaps are recorded (OTEL_LLM_CHUNK_GAP_SAMPLE_RATE 1 or 0)."""
 
     name: str
     sampled: bool = True
     stream_usage: bool = True
+    chunk_gaps: bool = True
+
+    def environment(self) -> dict[str, str]:
+        """What instrument() reads of it."""
+        return {STREAM_USAGE_ENV: str(self.stream_usage).lower(), GAP_SAMPLE_RATE_ENV: "1" if self.chunk_gaps else "0"}
 
 
 def _pipeline(sampler: Sampler = ALWAYS_ON,
@@ -201,15 +210,17 @@ def side_by_side(workload: Workload,
     to have taken effect."""
     exporter = _DropSpans()
     tracer_provider, meter_provider, reader = _pipeline(ALWAYS_ON if configuration.sampled else ALWAYS_OFF, exporter)
-    usage_before = os.environ.get(STREAM_USAGE_ENV)
-    os.environ[STREAM_USAGE_ENV] = str(configuration.stream_usage).lower()  # read by instrument()
+    environment = configuration.environment()
+    before = {name: os.environ.get(name) for name in environment}
+    os.environ.update(environment)
     try:
         otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
     finally:
-        if usage_before is None:
-            del os.environ[STREAM_USAGE_ENV]
-        else:
-            os.environ[STREAM_USAGE_ENV] = usage_before
+        for name, value in before.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
     try:
         measured = _alternate(workload, lambda run, client, bare: run(client), lambda: adding_ns(reader))
     finally:
@@ -279,6 +290,51 @@ def minimal_floor(workload: Workload) -> tuple[float, float, float, float]:
         span.end()
         return completion
 
+    try:
+        return _summary(_alternate(workload, recorded, lambda: 0))
+    finally:
+        tracer_provider.shutdown()
+
+
+def stream_floor(workload: Workload) -> tuple[float, float, float, float]:
+    """As ``minimal_floor`` for a synchronous stream: the least a conforming instrumentation records of one that asks
+    for no usage (so it knows no token counts, and no time per output token) and records no chunk gaps (which
+    DESIGN.md lets it sample per stream): the span, the time of the first content chunk, found by looking at each
+    chunk as it passes, and the span's response attributes, and the duration and time to first chunk through
+    ``Histogram.record()``. Compare with otel_llm configured the same way (section 3)."""
+    tracer_provider, meter_provider, _ = _pipeline()
+    tracer, meter = tracer_provider.get_tracer("floor"), meter_provider.get_meter("floor")
+    duration = meter.create_histogram("gen_ai.client.operation.duration", unit="s")
+    first_chunk = meter.create_histogram("gen_ai.client.operation.time_to_first_chunk", unit="s")
+    attributes = FLOOR_ATTRIBUTES
+
+    def recorded(run: Callable[..., Any], client: Any, bare: Callable[..., Any]) -> None:
+        span = tracer.start_span("chat gpt-4o-mini", kind=SpanKind.CLIENT, attributes=attributes)
+        start = time.perf_counter()
+        first = 0.0
+        response_id: str | None = None
+        response_model: str | None = None
+        finish_reasons: list[str] = []
+        for chunk in bare(model="gpt-4o-mini", messages=MESSAGES, stream=True):
+            choices = chunk.choices
+            if not choices:
+                continue
+            if not first and choices[0].delta.content:
+                first = time.perf_counter()
+            if choices[0].finish_reason:
+                finish_reasons.append(choices[0].finish_reason)
+            response_id, response_model = chunk.id, chunk.model
+        end = time.perf_counter()
+        span.set_attributes({"gen_ai.response.id": response_id, "gen_ai.response.model": response_model,
+                             "gen_ai.response.finish_reasons": finish_reasons, "gen_ai.request.stream": True,
+                             "gen_ai.response.time_to_first_chunk": first - start})
+        recorded_attributes = {**attributes, "gen_ai.response.model": response_model, "gen_ai.request.stream": True}
+        duration.record(end - start, recorded_attributes)
+        first_chunk.record(first - start, recorded_attributes)
+        span.end()
+
+    if workload.chunks == 0 or workload.is_async:
+        raise ValueError("the streamed floor is measured for synchronous streams")
     try:
         return _summary(_alternate(workload, recorded, lambda: 0))
     finally:
@@ -368,19 +424,22 @@ def _summary(measured: list[tuple[int, int]]) -> tuple[float, float, float, floa
 
 def _check(configuration: Configuration, workload: Workload, spans: int, reader: InMemoryMetricReader) -> None:
     """The figures are the configuration's: spans only when sampled; a stream's TPOT (which needs its output-token
-    count) only when we asked for usage, since the server here sends usage only when asked."""
-    tpot = load_settings().metric_names.time_per_output_token.name
+    count) only when we asked for usage, since the server here sends usage only when asked; its chunk gaps only
+    when recorded."""
+    names = load_settings().metric_names
+    values = {names.time_per_output_token.name: 0, names.time_per_output_chunk.name: 0}
     data = reader.get_metrics_data()
-    tpot_values = 0
     for resource in data.resource_metrics if data is not None else ():
         for scope in resource.scope_metrics:
             for metric in scope.metrics:
-                if metric.name == tpot:
-                    tpot_values += sum(point.count for point in metric.data.data_points
-                                       if isinstance(point, HistogramDataPoint))
-    if (spans > 0) != configuration.sampled or (workload.chunks and (tpot_values > 0) != configuration.stream_usage):
-        raise RuntimeError(f"{configuration.name}, {workload.name}: {spans} spans and {tpot_values} TPOT values "
-                           "recorded, not what the configuration makes")
+                if metric.name in values:
+                    values[metric.name] += sum(point.count for point in metric.data.data_points
+                                               if isinstance(point, HistogramDataPoint))
+    tpot_values, gap_values = values.values()
+    if (spans > 0) != configuration.sampled or (workload.chunks and (
+            (tpot_values > 0) != configuration.stream_usage or (gap_values > 0) != configuration.chunk_gaps)):
+        raise RuntimeError(f"{configuration.name}, {workload.name}: {spans} spans, {tpot_values} TPOT values and "
+                           f"{gap_values} chunk gaps recorded, not what the configuration makes")
 
 
 def _real_chunks(count: int) -> list[Any]:
@@ -583,12 +642,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     our_code_alone(settings, repeat)
 
     print("\n3. end to end by what a user can choose, measured as in 1: +us/req (moves)")
-    print(f"{'configuration':<34} {stream_16.name:>18} {plain_call.name:>18}")
-    print(f"{'as shipped (from 1)':<34} {shipped[stream_16.name]:>18} {shipped[plain_call.name]:>18}")
+    print(f"{'configuration':<40} {stream_16.name:>18} {plain_call.name:>18}")
+    print(f"{'as shipped (from 1)':<40} {shipped[stream_16.name]:>18} {shipped[plain_call.name]:>18}")
     for configuration in (
         Configuration("spans sampled out (ALWAYS_OFF)", sampled=False),
         Configuration(f"{STREAM_USAGE_ENV}=false", stream_usage=False),
         Configuration("both", sampled=False, stream_usage=False),
+        Configuration("no usage asked, no chunk gaps recorded", stream_usage=False, chunk_gaps=False),
     ):
         _, _, delta, spread = side_by_side(stream_16, configuration)
         figures = [f"{delta:+.1f} ({spread:.1f})"]
@@ -597,16 +657,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             figures.append(f"{delta:+.1f} ({spread:.1f})")
         else:
             figures.append("(streams only)")
-        print(f"{configuration.name:<34} {figures[0]:>18} {figures[1]:>18}")
+        print(f"{configuration.name:<40} {figures[0]:>18} {figures[1]:>18}")
 
     print("\n4. the floor, measured as in 1 without otel_llm: the client inside one SDK span (five attributes); and\n"
-          "   a non-streamed call with the least a conforming instrumentation records: that span with the response's\n"
-          "   attributes, and duration and token counts through the SDK's Histogram.record()")
-    print(f"{'workload':<34} {'off us/req':>11} {'on us/req':>11} {'+us/req':>9} {'moves':>8}")
+          "   the least a conforming instrumentation records: that span with the response's attributes, and through\n"
+          "   the SDK's Histogram.record() a non-streamed call's duration and token counts, a stream's duration and\n"
+          "   time to first chunk (no usage asked, no chunk gaps: compare the last configuration of 3)")
+    print(f"{'workload':<40} {'off us/req':>11} {'on us/req':>11} {'+us/req':>9} {'moves':>8}")
     for name, floor, workload in (("span alone, ", span_floor, stream_16), ("span alone, ", span_floor, plain_call),
-                                  ("span and 3 records, ", minimal_floor, plain_call)):
+                                  ("span and 3 records, ", minimal_floor, plain_call),
+                                  ("span, TTFT and 2 records, ", stream_floor, stream_16)):
         off_us, on_us, delta, spread = floor(workload)
-        print(f"{name + workload.name:<34} {off_us:>11.1f} {on_us:>11.1f} {delta:>+9.1f} {spread:>8.1f}")
+        print(f"{name + workload.name:<40} {off_us:>11.1f} {on_us:>11.1f} {delta:>+9.1f} {spread:>8.1f}")
 
     requests = args.memory_requests or (2_000 if args.quick else 20_000)
     before, after = memory_growth(requests)

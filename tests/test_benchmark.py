@@ -26,13 +26,14 @@ def test_overhead_benchmark_prints_every_figure() -> None:
     delta = rf"{NUMBER} \({NUMBER}\)"
     assert re.search(rf"^as shipped \(from 1\)\s+{delta}\s+{delta}$", out, re.M), out
     assert re.search(rf"^spans sampled out \(ALWAYS_OFF\)\s+{delta}\s+{delta}$", out, re.M), out
-    for configuration in ("OTEL_LLM_STREAM_USAGE=false", "both"):
+    for configuration in ("OTEL_LLM_STREAM_USAGE=false", "both", "no usage asked, no chunk gaps recorded"):
         assert re.search(rf"^{configuration}\s+{delta}\s+\(streams only\)$", out, re.M), out
     # the floor: the client inside one bare SDK span, otel_llm not installed
     for workload in ("stream 16 chunks", "non-streaming"):
         assert re.search(rf"^span alone, {workload}(\s+{NUMBER}){{4}}$", out, re.M), out
     # and the least a conforming instrumentation records: that span with the response's attributes, three records
     assert re.search(rf"^span and 3 records, non-streaming(\s+{NUMBER}){{4}}$", out, re.M), out
+    assert re.search(rf"^span, TTFT and 2 records, stream 16 chunks(\s+{NUMBER}){{4}}$", out, re.M), out
     for figure in ("chunk path \\(SDK -> caller\\)", "per chunk in total", "fixed per streamed request",
                    "non-streaming request"):
         assert re.search(rf"^{figure}: {NUMBER} us", out, re.M), out
