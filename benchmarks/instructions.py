@@ -2,6 +2,7 @@
 move with the neighbours of a shared 2-core machine.
 
     .venv/bin/python benchmarks/instructions.py          # needs valgrind; about 10 minutes
+    .venv/bin/python benchmarks/instructions.py --caches # and cache misses; about 15 minutes
 
 Same workloads and telemetry pipeline as overhead.py (the real client reading real SSE bytes from its own
 transport; a TracerProvider with a BatchSpanProcessor, a MeterProvider with a reader). Each configuration runs in a
@@ -13,6 +14,14 @@ The microseconds beside each count are that count at the client's own pace (its 
 CPU time per request, measured natively here): what the added instructions cost if they ran as fast as the
 client's. Ours run between the client's, with colder caches, so the side-by-side timings of overhead.py come out
 higher; this is the part of the overhead that is ours to cut.
+
+With ``--caches`` valgrind also simulates the caches: the first-level instruction and data caches of this machine
+(32 KiB each) and, as the last level, a 1 MiB one like its per-core second level (the third level, 32 MiB, holds
+everything here). What a request reads first from beyond a cache it fills costs it ~12 cycles (first level) or ~40
+(second): our code and data, pushed out by the client's between two requests, and the client's, pushed out by ours.
+These misses, not the instructions, are most of what the side-by-side timings add to our instruction count. In this
+mode the span processor's export thread does not wake during the run (its work is the SDK's; waking at valgrind's
+pace it moved these counts by thousands).
 """
 
 from __future__ import annotations
@@ -63,24 +72,42 @@ def child(chunks: int, instrumented: bool, requests: int) -> None:
         reader.collect()
 
 
-def count(config: str, requests: int) -> int:
+# what valgrind reports, and how the figures below name it
+INSTRUCTIONS = {"instructions": r"I\s+refs"}
+MISSES = {"L1 instruction misses": r"I1\s+misses", "L1 data misses": r"D1\s+misses", "L2 misses": r"LL misses"}
+
+
+def count(config: str, requests: int, caches: bool = False) -> dict[str, int]:
     chunks, instrumented, usage, _, _ = CONFIGS[config]
     env = {**os.environ, "PYTHONHASHSEED": "0", "OTEL_LLM_STREAM_USAGE": "true" if usage else "false"}
+    simulate = ["--cache-sim=no"]
+    if caches:
+        simulate = ["--cache-sim=yes", "--I1=32768,8,64", "--D1=32768,8,64", "--LL=1048576,16,64"]
+        env["OTEL_BSP_SCHEDULE_DELAY"] = str(10**9)  # ms: the export thread waits for a full batch
     result = subprocess.run(
-        ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
+        ["valgrind", "--tool=cachegrind", *simulate, "--cachegrind-out-file=/dev/null",
          sys.executable, str(HERE), "--child", str(chunks), str(int(instrumented)), str(requests)],
         capture_output=True, text=True, env=env, check=True)
-    found = re.search(r"I\s+refs:\s+([\d,]+)", result.stderr)
-    if found is None:
-        raise RuntimeError(f"no instruction count from valgrind:\n{result.stderr[-2000:]}")
-    return int(found.group(1).replace(",", ""))
+    counts = {}
+    for name, pattern in {**INSTRUCTIONS, **(MISSES if caches else {})}.items():
+        found = re.search(pattern + r":\s+([\d,]+)", result.stderr)
+        if found is None:
+            raise RuntimeError(f"no {name} from valgrind:\n{result.stderr[-2000:]}")
+        counts[name] = int(found.group(1).replace(",", ""))
+    return counts
 
 
 def per_request(config: str, few: int | None = None, many: int | None = None) -> float:
+    """Instructions per request."""
+    return per_request_counts(config, few, many)["instructions"]
+
+
+def per_request_counts(config: str, few: int | None = None, many: int | None = None,
+                       caches: bool = False) -> dict[str, float]:
     few, many = few or CONFIGS[config][3], many or CONFIGS[config][4]
     with ThreadPoolExecutor(max_workers=2) as pool:
-        low, high = pool.map(lambda requests: count(config, requests), (few, many))
-    return (high - low) / (many - few)
+        low, high = pool.map(lambda requests: count(config, requests, caches), (few, many))
+    return {name: (high[name] - low[name]) / (many - few) for name in low}
 
 
 def native_us(chunks: int) -> float:
@@ -105,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--child", nargs=3, type=int, metavar=("CHUNKS", "INSTRUMENTED", "REQUESTS"),
                         help=argparse.SUPPRESS)
+    parser.add_argument("--caches", action="store_true", help="simulate the caches too (see above)")
     args = parser.parse_args(argv)
     if args.child:
         child(args.child[0], bool(args.child[1]), args.child[2])
@@ -112,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     if subprocess.run(["which", "valgrind"], capture_output=True).returncode:
         print("valgrind is not installed here: apt-get install valgrind", file=sys.stderr)
         return 1
-    counts = {config: per_request(config) for config in CONFIGS}
+    all_counts = {config: per_request_counts(config, caches=args.caches) for config in CONFIGS}
+    counts = {config: found["instructions"] for config, found in all_counts.items()}
     print("otel_llm: instructions per request added to the openai client (valgrind cachegrind)")
     print(f"{'workload':<30} {'instructions':>14} {'added':>12} {'~us at client pace':>19}")
     for workload, chunks in (("stream 16", 16), ("stream 256", 256), ("non-streaming", 0)):
@@ -126,6 +155,13 @@ def main(argv: list[str] | None = None) -> int:
                  - (counts["stream 16 on"] - counts["stream 16 off"])) / (256 - 16)
     fixed = counts["stream 16 on"] - counts["stream 16 off"] - 16 * per_chunk
     print(f"per further chunk: {per_chunk:+,.0f} instructions; fixed per streamed request: {fixed:+,.0f}")
+    if args.caches:
+        print("\ncache misses per request (simulated: 32 KiB first level, a 1 MiB second)")
+        print(f"{'workload':<30}" + "".join(f" {name:>22}" for name in MISSES))
+        for config, found in all_counts.items():
+            off = all_counts[config.split(" on")[0] + " off"] if " on" in config else None
+            cells = (f"{found[name]:,.0f}" if off is None else f"{found[name] - off[name]:+,.0f}" for name in MISSES)
+            print(f"{config:<30}" + "".join(f" {cell:>22}" for cell in cells))
     return 0
 
 

@@ -49,6 +49,20 @@ def test_instruction_counts_see_the_instrumentation() -> None:
     import instructions
 
     off, on = (instructions.per_request(f"non-streaming {state}", few=1, many=3) for state in ("off", "on"))
-    # per request, start-up and imports taken out: the span and records cost ~0.48 M instructions (run to run the
+    # per request, start-up and imports taken out: the span and records cost ~0.34 M instructions (run to run the
     # count moves by ~0.01 M), far less than the client's own ~5 M
     assert 100_000 < on - off < 0.2 * off
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
+def test_cache_misses_are_simulated() -> None:
+    sys.path.insert(0, str(SCRIPT.parent))
+    import instructions
+
+    # one whole run (imports and start-up included; per-request differences of so few requests move by more than
+    # the instrumentation adds under the simulation): every figure parsed, each where a real run puts it
+    found = instructions.count("non-streaming off", 1, caches=True)
+    assert set(found) == {"instructions", *instructions.MISSES}
+    assert 100_000_000 < found["instructions"]
+    assert 0.001 * found["instructions"] < found["L1 data misses"] < 0.1 * found["instructions"]
+    assert 1_000 < found["L2 misses"] < found["L1 data misses"] + found["L1 instruction misses"]
