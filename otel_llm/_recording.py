@@ -99,18 +99,20 @@ class Batch:
         return self._count
 
     def record(self, points: Sequence[Point], time_ns: int, context: Context,
-               ns_points: Sequence[NsPoint] = ()) -> None:
+               ns_points: Sequence[NsPoint] = (), span: Any = None) -> None:
         """Each point as ``series.record(value, time_ns, context if it carries the span else None)``, each of
         ``ns_points`` as ``series.record_ns(values, time_ns, context, exemplar)``, for series of one meter's
         histograms; the values are not changed afterwards. When every series waits in the batch (the common case)
-        they wait as one entry, their exemplars chosen at the flush: one lock and one append per operation."""
+        they wait as one entry, their exemplars chosen at the flush: one lock and one append per operation.
+        ``span``: the span ``context`` holds, when the caller has it at hand (not looked up again then)."""
         first = points[0][0] if points else ns_points[0][0] if ns_points else None
         consumer = first._owner._consumer if first is not None else None
         if consumer is not None and first._owner._histogram._is_enabled():  # type: ignore[union-attr]
             count = _waiting_count(points, ns_points, consumer._reader_storages)
             if count is not None:
                 if count:
-                    self._put((points, ns_points, time_ns, _span_context(context)), count)
+                    linked = _span_context(context) if span is None else _linked(span)
+                    self._put((points, ns_points, time_ns, linked), count)
                 return
         for series, value, exemplary in points:  # one at a time, each the way its series takes values
             series.record(value, time_ns, context if exemplary else None)
@@ -197,11 +199,14 @@ def _waiting_count(points: Sequence[Point], ns_points: Sequence[NsPoint], storag
 
 
 def _span_context(context: Context | None) -> Any:
-    """What a waiting value keeps of its context: the span context its exemplar would link to. None for none, and
-    for the invalid span, which the SDK's filter and reservoir pass over."""
-    if context is None:
-        return None
-    span = trace.get_current_span(context)
+    """What a waiting value keeps of its context: the span context its exemplar would link to (see _linked). None
+    for none."""
+    return None if context is None else _linked(trace.get_current_span(context))
+
+
+def _linked(span: Any) -> Any:
+    """The span context an exemplar of that span would link to; None for the invalid span, which the SDK's filter
+    and reservoir pass over."""
     return None if span is trace.INVALID_SPAN else span.get_span_context()
 
 

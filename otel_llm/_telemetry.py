@@ -325,7 +325,7 @@ class Telemetry:
                 points.append((histogram, count, False))
             if counter is not None:
                 counter.add(count, series.attributes, context=_NO_EXEMPLAR)
-        self._batch.record(points, time.time_ns(), op.context, gaps)
+        self._batch.record(points, time.time_ns(), op.context, gaps, op.span)
 
     def _new_series(self, key: tuple[Any, ...], op: Operation) -> _Series:
         if len(self._series) >= _MAX_SERIES_KINDS:  # unbounded model names: start over rather than grow
