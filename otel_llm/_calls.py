@@ -35,6 +35,12 @@ class Kind(enum.Enum):
     ASYNC_RESPONSE = "async_response"
 
 
+# the members _adopt() tells apart, read once: read off the enum class, each costs ~1k instructions (its metaclass
+# keeps the interpreter's attribute cache out)
+_COMPLETE, _STREAM, _ASYNC_STREAM, _RESPONSE, _ASYNC_RESPONSE = (
+    Kind.COMPLETE, Kind.STREAM, Kind.ASYNC_STREAM, Kind.RESPONSE, Kind.ASYNC_RESPONSE)
+
+
 class Endpoint(Protocol):
     """What a provider adapter knows about one SDK method. Plain values in, plain values out."""
 
@@ -318,17 +324,17 @@ def _adopt(telemetry: Telemetry, endpoint: Endpoint, op: Operation, result: Any,
     """Hand the caller its result, wrapped when the operation is still under way. Never raises."""
     try:
         kind = endpoint.kind(op, result)
-        if kind is Kind.COMPLETE and op.request.stream:
+        if kind is _COMPLETE and op.request.stream:
             kind = _foreign_stream(result, is_async)
-        if kind is Kind.STREAM:
+        if kind is _STREAM:
             return StreamProxy(result, op, telemetry, _observer(endpoint, op), endpoint.read_error)
-        if kind is Kind.ASYNC_STREAM:
+        if kind is _ASYNC_STREAM:
             return async_stream_proxy(result, op, telemetry, _observer(endpoint, op), endpoint.read_error)
-        if kind is Kind.RESPONSE or kind is Kind.ASYNC_RESPONSE:  # made only here: most results are complete
+        if kind is _RESPONSE or kind is _ASYNC_RESPONSE:  # made only here: most results are complete
             def adopt_parsed(op: Operation, parsed: Any) -> Any:
                 return _adopt(telemetry, endpoint, op, parsed, is_async=is_async)
 
-            if kind is Kind.RESPONSE:
+            if kind is _RESPONSE:
                 return response_proxy(result, op, telemetry, adopt_parsed, endpoint.read_error)
             return AsyncResponseProxy(result, op, telemetry, adopt_parsed, endpoint.read_error)
         endpoint.read(op, result)
