@@ -53,12 +53,13 @@ import httpx2
 import openai
 import wrapt
 from openai.resources.chat.completions.completions import AsyncCompletions, Completions
+from opentelemetry.metrics import Meter
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, Sampler
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, Tracer
 from opentelemetry.util.types import AttributeValue
 
 import otel_llm
@@ -236,12 +237,26 @@ FLOOR_ATTRIBUTES: dict[str, AttributeValue] = {"gen_ai.operation.name": "chat", 
                                                "server.address": "api.openai.com", "server.port": 443}
 
 
-def span_floor(workload: Workload) -> tuple[float, float, float, float]:
-    """As ``side_by_side``, with otel_llm not installed: the "on" request is the client's own, inside one SDK span
-    started with the five attributes that name a GenAI operation and ended after the response is read to its end.
-    The least any instrumentation that records a span adds here, before it measures or records anything."""
-    tracer_provider = _pipeline()[0]
-    tracer = tracer_provider.get_tracer("floor")
+# what the "on" request of a pair runs: (run, client, the client's own create) -> the result
+Instrumented = Callable[[Callable[..., Any], Any, Callable[..., Any]], Any]
+
+
+def floor(workload: Workload, floor_of: Callable[[Tracer, Meter, Workload], Instrumented]) -> tuple[
+        float, float, float, float]:
+    """As ``side_by_side``, with otel_llm not installed: the "on" request is what ``floor_of`` makes of the workload
+    with a tracer and a meter of a pipeline of its own."""
+    tracer_provider, meter_provider, _ = _pipeline()
+    instrumented = floor_of(tracer_provider.get_tracer("floor"), meter_provider.get_meter("floor"), workload)
+    try:
+        return _summary(_alternate(workload, instrumented, lambda: 0))
+    finally:
+        tracer_provider.shutdown()
+
+
+def span_floor(tracer: Tracer, meter: Meter, workload: Workload) -> Instrumented:
+    """The client's own request inside one SDK span started with the five attributes that name a GenAI operation
+    and ended after the response is read to its end: the least any instrumentation that records a span adds, before
+    it measures or records anything."""
     attributes = FLOOR_ATTRIBUTES
 
     def in_a_span(run: Callable[..., Any], client: Any, bare: Callable[..., Any]) -> Any:
@@ -258,18 +273,13 @@ def span_floor(workload: Workload) -> tuple[float, float, float, float]:
         finally:
             span.end()
 
-    try:
-        return _summary(_alternate(workload, in_a_span_async if workload.is_async else in_a_span, lambda: 0))
-    finally:
-        tracer_provider.shutdown()
+    return in_a_span_async if workload.is_async else in_a_span
 
 
-def minimal_floor(workload: Workload) -> tuple[float, float, float, float]:
+def minimal_floor(tracer: Tracer, meter: Meter, workload: Workload) -> Instrumented:
     """As ``span_floor`` for a non-streamed call, with what the least conforming instrumentation records too: the
     span's response attributes (id, model, finish reasons, token counts) and the duration and the two token counts
     through the SDK's public ``Histogram.record()``. No context made current, no headers, no prompt length."""
-    tracer_provider, meter_provider, _ = _pipeline()
-    tracer, meter = tracer_provider.get_tracer("floor"), meter_provider.get_meter("floor")
     duration = meter.create_histogram("gen_ai.client.operation.duration", unit="s")
     tokens = meter.create_histogram("gen_ai.client.token.usage", unit="{token}")
     attributes = FLOOR_ATTRIBUTES
@@ -290,20 +300,17 @@ def minimal_floor(workload: Workload) -> tuple[float, float, float, float]:
         span.end()
         return completion
 
-    try:
-        return _summary(_alternate(workload, recorded, lambda: 0))
-    finally:
-        tracer_provider.shutdown()
+    return recorded
 
 
-def stream_floor(workload: Workload) -> tuple[float, float, float, float]:
+def stream_floor(tracer: Tracer, meter: Meter, workload: Workload) -> Instrumented:
     """As ``minimal_floor`` for a synchronous stream: the least a conforming instrumentation records of one that asks
     for no usage (so it knows no token counts, and no time per output token) and records no chunk gaps (which
     DESIGN.md lets it sample per stream): the span, the time of the first content chunk, found by looking at each
     chunk as it passes, and the span's response attributes, and the duration and time to first chunk through
     ``Histogram.record()``. Compare with otel_llm configured the same way (section 3)."""
-    tracer_provider, meter_provider, _ = _pipeline()
-    tracer, meter = tracer_provider.get_tracer("floor"), meter_provider.get_meter("floor")
+    if workload.chunks == 0 or workload.is_async:
+        raise ValueError("the streamed floor is measured for synchronous streams")
     duration = meter.create_histogram("gen_ai.client.operation.duration", unit="s")
     first_chunk = meter.create_histogram("gen_ai.client.operation.time_to_first_chunk", unit="s")
     attributes = FLOOR_ATTRIBUTES
@@ -333,16 +340,10 @@ def stream_floor(workload: Workload) -> tuple[float, float, float, float]:
         first_chunk.record(first - start, recorded_attributes)
         span.end()
 
-    if workload.chunks == 0 or workload.is_async:
-        raise ValueError("the streamed floor is measured for synchronous streams")
-    try:
-        return _summary(_alternate(workload, recorded, lambda: 0))
-    finally:
-        tracer_provider.shutdown()
+    return recorded
 
 
-def _alternate(workload: Workload, instrumented: Callable[[Callable[..., Any], Any, Callable[..., Any]], Any],
-               adding: Callable[[], int]) -> list[tuple[int, int]]:
+def _alternate(workload: Workload, instrumented: Instrumented, adding: Callable[[], int]) -> list[tuple[int, int]]:
     """(off, on) CPU ns per pair, each timed around the whole request: the client's own create() against
     ``instrumented(run, client, bare_create)``,
     alternating request by request, each "on" with its share of ``adding`` (the next collection's work), run every
@@ -664,10 +665,10 @@ def main(argv: Sequence[str] | None = None) -> int:
           "   the SDK's Histogram.record() a non-streamed call's duration and token counts, a stream's duration and\n"
           "   time to first chunk (no usage asked, no chunk gaps: compare the last configuration of 3)")
     print(f"{'workload':<40} {'off us/req':>11} {'on us/req':>11} {'+us/req':>9} {'moves':>8}")
-    for name, floor, workload in (("span alone, ", span_floor, stream_16), ("span alone, ", span_floor, plain_call),
-                                  ("span and 3 records, ", minimal_floor, plain_call),
-                                  ("span, TTFT and 2 records, ", stream_floor, stream_16)):
-        off_us, on_us, delta, spread = floor(workload)
+    for name, floor_of, workload in (("span alone, ", span_floor, stream_16), ("span alone, ", span_floor, plain_call),
+                                     ("span and 3 records, ", minimal_floor, plain_call),
+                                     ("span, TTFT and 2 records, ", stream_floor, stream_16)):
+        off_us, on_us, delta, spread = floor(workload, floor_of)
         print(f"{name + workload.name:<40} {off_us:>11.1f} {on_us:>11.1f} {delta:>+9.1f} {spread:>8.1f}")
 
     requests = args.memory_requests or (2_000 if args.quick else 20_000)
