@@ -1,8 +1,8 @@
 """Instructions per request that otel_llm adds to the openai client, counted by valgrind: the figure that does not
 move with the neighbours of a shared 2-core machine.
 
-    .venv/bin/python benchmarks/instructions.py          # needs valgrind; about 10 minutes
-    .venv/bin/python benchmarks/instructions.py --caches # and cache misses; about 15 minutes
+    .venv/bin/python benchmarks/instructions.py          # needs valgrind; about 3 minutes
+    .venv/bin/python benchmarks/instructions.py --caches # and cache misses; about 7 minutes
 
 Same workloads and telemetry pipeline as overhead.py (the real client reading real SSE bytes from its own
 transport; a TracerProvider with a BatchSpanProcessor, a MeterProvider with a reader). Each configuration runs in a
