@@ -1,8 +1,9 @@
 """Instructions per request that otel_llm adds to the openai client, counted by valgrind: the figure that does not
-move with the neighbours of a shared 2-core machine.
+move with the neighbours of a shared 2-core machine. Beside it, what OpenTelemetry's own openai instrumentation
+(openai-v2, installed as benchmarks/peers.py does) adds, counted the same way.
 
-    .venv/bin/python benchmarks/instructions.py          # needs valgrind; about 3 minutes
-    .venv/bin/python benchmarks/instructions.py --caches # and cache misses; about 7 minutes
+    .venv/bin/python benchmarks/instructions.py          # needs valgrind; about 4 minutes
+    .venv/bin/python benchmarks/instructions.py --caches # and cache misses; about 12 minutes
 
 Same workloads and telemetry pipeline as overhead.py (the real client reading real SSE bytes from its own
 transport; a TracerProvider with a BatchSpanProcessor, a MeterProvider with a reader). Each configuration runs in a
@@ -35,23 +36,41 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
+
+from peers import PEER, install_peer, with_peer
 
 HERE = Path(__file__).resolve()
 
-# name -> (content chunks, 0: not streamed; instrumented; usage chunk asked for by us; requests few, many)
-CONFIGS: dict[str, tuple[int, bool, bool, int, int]] = {
-    "stream 16 off": (16, False, True, 10, 60),
-    "stream 16 on": (16, True, True, 10, 60),
-    "stream 16 on, no usage chunk": (16, True, False, 10, 60),
-    "stream 256 off": (256, False, True, 2, 22),
-    "stream 256 on": (256, True, True, 2, 22),
-    "non-streaming off": (0, False, True, 10, 60),
-    "non-streaming on": (0, True, True, 10, 60),
+OFF, OURS = "off", "otel_llm"
+
+
+class Config(NamedTuple):
+    workload: str
+    chunks: int  # content chunks, 0: not streamed
+    instrumentation: str  # OFF, OURS or peers.PEER
+    usage: bool = True  # we ask for the usage chunk
+    few: int = 10  # requests in the two runs whose difference is counted
+    many: int = 60
+
+
+_STREAM_16, _STREAM_256, _PLAIN = ("stream 16", 16), ("stream 256", 256), ("non-streaming", 0)
+CONFIGS: dict[str, Config] = {
+    "stream 16 off": Config(*_STREAM_16, OFF),
+    "stream 16 on": Config(*_STREAM_16, OURS),
+    "stream 16 on, no usage chunk": Config(*_STREAM_16, OURS, usage=False),
+    f"stream 16 {PEER}": Config(*_STREAM_16, PEER),
+    "stream 256 off": Config(*_STREAM_256, OFF, few=2, many=22),
+    "stream 256 on": Config(*_STREAM_256, OURS, few=2, many=22),
+    f"stream 256 {PEER}": Config(*_STREAM_256, PEER, few=2, many=22),
+    "non-streaming off": Config(*_PLAIN, OFF),
+    "non-streaming on": Config(*_PLAIN, OURS),
+    f"non-streaming {PEER}": Config(*_PLAIN, PEER),
 }
 WARM_UP = 10
 
 
-def child(chunks: int, instrumented: bool, requests: int) -> None:
+def child(chunks: int, instrumentation: str, requests: int) -> None:
     sys.path.insert(0, str(HERE.parent))
     import overhead
 
@@ -59,16 +78,21 @@ def child(chunks: int, instrumented: bool, requests: int) -> None:
 
     client = overhead.client_for(chunks)
     run = overhead.run_sync_stream if chunks else overhead.run_plain
-    if instrumented:
+    if instrumentation != OFF:
         tracer_provider, meter_provider, reader = overhead._pipeline()
-        otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
+        if instrumentation == OURS:
+            otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
+        else:
+            from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
+
+            OpenAIInstrumentor().instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
     for _ in range(WARM_UP):
         run(client)
     gc.collect()
     gc.freeze()
     for _ in range(requests):
         run(client)
-    if instrumented:  # adds the values waiting in our batch: a count per value, the SDK's own per collection
+    if instrumentation != OFF:  # adds the values waiting in our batch: a count per value, the SDK's own per collection
         reader.collect()
 
 
@@ -78,15 +102,18 @@ MISSES = {"L1 instruction misses": r"I1\s+misses", "L1 data misses": r"D1\s+miss
 
 
 def count(config: str, requests: int, caches: bool = False) -> dict[str, int]:
-    chunks, instrumented, usage, _, _ = CONFIGS[config]
-    env = {**os.environ, "PYTHONHASHSEED": "0", "OTEL_LLM_STREAM_USAGE": "true" if usage else "false"}
+    found = CONFIGS[config]
+    env = {**os.environ, "PYTHONHASHSEED": "0", "OTEL_LLM_STREAM_USAGE": "true" if found.usage else "false"}
+    if found.instrumentation == PEER:
+        install_peer()
+        env = with_peer(env)
     simulate = ["--cache-sim=no"]
     if caches:
         simulate = ["--cache-sim=yes", "--I1=32768,8,64", "--D1=32768,8,64", "--LL=1048576,16,64"]
         env["OTEL_BSP_SCHEDULE_DELAY"] = str(10**9)  # ms: the export thread waits for a full batch
     result = subprocess.run(
         ["valgrind", "--tool=cachegrind", *simulate, "--cachegrind-out-file=/dev/null",
-         sys.executable, str(HERE), "--child", str(chunks), str(int(instrumented)), str(requests)],
+         sys.executable, str(HERE), "--child", str(found.chunks), found.instrumentation, str(requests)],
         capture_output=True, text=True, env=env, check=True)
     counts = {}
     for name, pattern in {**INSTRUCTIONS, **(MISSES if caches else {})}.items():
@@ -104,7 +131,7 @@ def per_request(config: str, few: int | None = None, many: int | None = None) ->
 
 def per_request_counts(config: str, few: int | None = None, many: int | None = None,
                        caches: bool = False) -> dict[str, float]:
-    few, many = few or CONFIGS[config][3], many or CONFIGS[config][4]
+    few, many = few or CONFIGS[config].few, many or CONFIGS[config].many
     with ThreadPoolExecutor(max_workers=2) as pool:
         low, high = pool.map(lambda requests: count(config, requests, caches), (few, many))
     return {name: (high[name] - low[name]) / (many - few) for name in low}
@@ -130,38 +157,45 @@ def native_us(chunks: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--child", nargs=3, type=int, metavar=("CHUNKS", "INSTRUMENTED", "REQUESTS"),
+    parser.add_argument("--child", nargs=3, metavar=("CHUNKS", "INSTRUMENTATION", "REQUESTS"),
                         help=argparse.SUPPRESS)
     parser.add_argument("--caches", action="store_true", help="simulate the caches too (see above)")
     args = parser.parse_args(argv)
     if args.child:
-        child(args.child[0], bool(args.child[1]), args.child[2])
+        child(int(args.child[0]), args.child[1], int(args.child[2]))
         return 0
     if subprocess.run(["which", "valgrind"], capture_output=True).returncode:
         print("valgrind is not installed here: apt-get install valgrind", file=sys.stderr)
         return 1
+    if any(config.instrumentation == PEER for config in CONFIGS.values()):
+        install_peer()  # once, before the runs in parallel
     all_counts = {config: per_request_counts(config, caches=args.caches) for config in CONFIGS}
     counts = {config: found["instructions"] for config, found in all_counts.items()}
-    print("otel_llm: instructions per request added to the openai client (valgrind cachegrind)")
+    off_of = {config.workload: name for name, config in CONFIGS.items() if config.instrumentation == OFF}
+    print(f"instructions per request that otel_llm and {PEER} add to the openai client (valgrind cachegrind)")
     print(f"{'workload':<30} {'instructions':>14} {'added':>12} {'~us at client pace':>19}")
-    for workload, chunks in (("stream 16", 16), ("stream 256", 256), ("non-streaming", 0)):
-        off = counts[f"{workload} off"]
-        pace = off / native_us(chunks)  # instructions per us
-        print(f"{workload + ' off':<30} {off:>14,.0f}")
-        for config in (c for c in CONFIGS if c.startswith(workload + " on")):
-            added = counts[config] - off
-            print(f"{config:<30} {counts[config]:>14,.0f} {added:>+12,.0f} {added / pace:>+19.1f}")
-    per_chunk = ((counts["stream 256 on"] - counts["stream 256 off"])
-                 - (counts["stream 16 on"] - counts["stream 16 off"])) / (256 - 16)
-    fixed = counts["stream 16 on"] - counts["stream 16 off"] - 16 * per_chunk
-    print(f"per further chunk: {per_chunk:+,.0f} instructions; fixed per streamed request: {fixed:+,.0f}")
+    for workload, off_config in off_of.items():
+        off = counts[off_config]
+        pace = off / native_us(CONFIGS[off_config].chunks)  # instructions per us
+        print(f"{off_config:<30} {off:>14,.0f}")
+        for name in (name for name, config in CONFIGS.items() if config.workload == workload and name != off_config):
+            added = counts[name] - off
+            print(f"{name:<30} {counts[name]:>14,.0f} {added:>+12,.0f} {added / pace:>+19.1f}")
+    for instrumentation, on in ((OURS, "on"), (PEER, PEER)):
+        per_chunk = ((counts[f"stream 256 {on}"] - counts["stream 256 off"])
+                     - (counts[f"stream 16 {on}"] - counts["stream 16 off"])) / (256 - 16)
+        fixed = counts[f"stream 16 {on}"] - counts["stream 16 off"] - 16 * per_chunk
+        print(f"{instrumentation}: per further chunk {per_chunk:+,.0f} instructions; fixed per streamed request "
+              f"{fixed:+,.0f}")
     if args.caches:
         print("\ncache misses per request (simulated: 32 KiB first level, a 1 MiB second)")
         print(f"{'workload':<30}" + "".join(f" {name:>22}" for name in MISSES))
-        for config, found in all_counts.items():
-            off = all_counts[config.split(" on")[0] + " off"] if " on" in config else None
-            cells = (f"{found[name]:,.0f}" if off is None else f"{found[name] - off[name]:+,.0f}" for name in MISSES)
-            print(f"{config:<30}" + "".join(f" {cell:>22}" for cell in cells))
+        for name, found in all_counts.items():
+            config = CONFIGS[name]
+            off_counts = None if config.instrumentation == OFF else all_counts[off_of[config.workload]]
+            cells = (f"{found[miss]:,.0f}" if off_counts is None else f"{found[miss] - off_counts[miss]:+,.0f}"
+                     for miss in MISSES)
+            print(f"{name:<30}" + "".join(f" {cell:>22}" for cell in cells))
     return 0
 
 

@@ -43,15 +43,33 @@ def test_overhead_benchmark_prints_every_figure() -> None:
     assert float(growth.group(1)) < 1.0
 
 
+def test_peer_benchmark_times_openai_v2_beside_otel_llm() -> None:
+    """OpenTelemetry's openai-v2, fetched from PyPI into .peers/, timed by the same harness as otel_llm as shipped
+    and asking for no usage; each run checks that its instrumentation recorded a span per request (else it fails)."""
+    result = subprocess.run([sys.executable, str(SCRIPT.parent / "peers.py"), "--quick"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert re.search(r"^workload\s+round\s+otel_llm\s+otel_llm, no usage\s+openai-v2$", out, re.M), out
+    delta = rf"{NUMBER} \({NUMBER}\)"
+    for workload in ("stream 2 chunks", "stream 16 chunks", "stream 256 chunks"):
+        assert re.search(rf"^{workload}\s+1\s+{delta}\s+{delta}\s+{delta}$", out, re.M), out
+    assert re.search(rf"^non-streaming\s+1\s+{delta}\s+\(as shipped\)\s+{delta}$", out, re.M), out
+    for figure in ("fixed per stream", "per further chunk"):
+        assert re.search(rf"^{figure}\s+1(\s+{NUMBER}){{3}}$", out, re.M), out
+
+
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
 def test_instruction_counts_see_the_instrumentation() -> None:
     sys.path.insert(0, str(SCRIPT.parent))
     import instructions
 
-    off, on = (instructions.per_request(f"non-streaming {state}", few=1, many=3) for state in ("off", "on"))
+    off, on, peer = (instructions.per_request(f"non-streaming {state}", few=1, many=3)
+                     for state in ("off", "on", instructions.PEER))
     # per request, start-up and imports taken out: the span and records cost ~0.34 M instructions (run to run the
-    # count moves by ~0.01 M), far less than the client's own ~5 M
+    # count moves by ~0.01 M), far less than the client's own ~5 M; openai-v2, counted the same way, ~0.8 M
     assert 100_000 < on - off < 0.2 * off
+    assert 100_000 < peer - off < 0.3 * off
 
 
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
