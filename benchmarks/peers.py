@@ -88,13 +88,33 @@ def with_peer(environment: dict[str, str]) -> dict[str, str]:
     return {**environment, "PYTHONPATH": os.pathsep.join(filter(None, (str(PEER_PATH), environment.get("PYTHONPATH"))))}
 
 
-def _child(instrumentation: str, workload_index: int, scale: int) -> dict[str, Any]:
+def _children(instrumentation: str, workload_indices: Sequence[int], scale: int) -> list[dict[str, Any]]:
+    """The workloads measured one after another in one child process under one instrumentation."""
     environment = with_peer(dict(os.environ)) if instrumentation == PEER else dict(os.environ)
-    result = subprocess.run([sys.executable, __file__, "--child", instrumentation, str(workload_index), str(scale)],
+    result = subprocess.run([sys.executable, __file__, "--child", instrumentation,
+                             ",".join(map(str, workload_indices)), str(scale)],
                             capture_output=True, text=True, env=environment, check=False)
     if result.returncode != 0:
-        raise RuntimeError(f"{instrumentation}, {WORKLOADS[workload_index][0]}:\n{result.stderr}")
+        raise RuntimeError(f"{instrumentation}:\n{result.stderr}")
     return json.loads(result.stdout.splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def _round(scale: int, batched: bool) -> dict[tuple[str, str], dict[str, Any]]:
+    """Every instrumentation on every workload it changes (usage is asked for on streams only), by (instrumentation,
+    workload): taking turns workload by workload, each in a process of its own; batched (a smoke run), in one
+    process per instrumentation, since starting one takes longer than a smoke run's workload."""
+    wanted = [(instrumentation, index) for index, (_, chunks, _) in enumerate(WORKLOADS)
+              for instrumentation in INSTRUMENTATIONS if instrumentation != NO_USAGE or chunks]
+    if not batched:
+        return {(instrumentation, WORKLOADS[index][0]): _children(instrumentation, [index], scale)[0]
+                for instrumentation, index in wanted}
+    found = {}
+    for instrumentation in INSTRUMENTATIONS:
+        indices = [index for measured, index in wanted if measured == instrumentation]
+        results = _children(instrumentation, indices, scale)
+        found.update({(instrumentation, WORKLOADS[index][0]): result
+                      for index, result in zip(indices, results, strict=True)})
+    return found
 
 
 def _row(first: str, second: str, columns: Sequence[str]) -> str:
@@ -104,11 +124,11 @@ def _row(first: str, second: str, columns: Sequence[str]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a short smoke run, one round")
-    parser.add_argument("--child", nargs=3, metavar=("INSTRUMENTATION", "WORKLOAD", "SCALE"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=3, metavar=("INSTRUMENTATION", "WORKLOADS", "SCALE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        instrumentation, workload_index, scale = args.child
-        print(json.dumps(measure(instrumentation, int(workload_index), int(scale))))
+        instrumentation, workload_indices, scale = args.child
+        print(json.dumps([measure(instrumentation, int(index), int(scale)) for index in workload_indices.split(",")]))
         return 0
 
     import openai
@@ -121,15 +141,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(_row("workload", "round", INSTRUMENTATIONS))
     deltas: dict[tuple[str, str], list[float]] = {}
     for round_number in range(1, rounds + 1):
-        for index, (name, chunks, _) in enumerate(WORKLOADS):
+        found = _round(scale, batched=args.quick)
+        for name, _, _ in WORKLOADS:
             figures = []
             for instrumentation in INSTRUMENTATIONS:
-                if instrumentation == NO_USAGE and not chunks:
-                    figures.append("(as shipped)")  # usage is asked for on streams only
+                result = found.get((instrumentation, name))
+                if result is None:
+                    figures.append("(as shipped)")
                     continue
-                found = _child(instrumentation, index, scale)
-                deltas.setdefault((instrumentation, name), []).append(found["delta"])
-                figures.append(f"{found['delta']:+.1f} ({found['moves']:.1f})")
+                deltas.setdefault((instrumentation, name), []).append(result["delta"])
+                figures.append(f"{result['delta']:+.1f} ({result['moves']:.1f})")
             print(_row(name, str(round_number), figures), flush=True)
 
     (few_name, few_chunks, _), (short_name, short_chunks, _), (long_name, long_chunks, _) = WORKLOADS[:3]
