@@ -96,8 +96,9 @@ class Telemetry:
         self._prompt_length = shared.histogram(meter, names.prompt_length)
         # what each kind of operation records into, by _series_key()
         self._series: dict[tuple[Any, ...], _Series] = {}
-        # operations handed out unfinished (streams, responses read later), by id, for the exit (see outlives)
-        self._pending: weakref.WeakValueDictionary[int, Operation] = weakref.WeakValueDictionary()
+        # operations handed out unfinished (streams, responses read later), by id, until they finish: for the exit
+        # (see outlives). A plain dict: every one finishes, by its caller, its last proxy's finalizer, or the exit
+        self._pending: dict[int, Operation] = {}
         _TELEMETRIES.add(self)
         _start_later_writer()  # last: a set-up that failed leaves no thread behind
 
@@ -153,6 +154,7 @@ class Telemetry:
             error_type = error
         if not op.close(time.perf_counter_ns() if end_ns is None else end_ns, error_type):
             return
+        self._pending.pop(id(op), None)
         if _collector is not None and _collector == threading.get_ident():
             _LATER.append((self, op.snapshot(), exception))
             return
@@ -182,10 +184,12 @@ class Telemetry:
         if not sys.is_finalizing() and self._close_abandoned(op):
             _LATER.append((self, op, None))
 
-    @staticmethod
-    def _close_abandoned(op: Operation) -> bool:
+    def _close_abandoned(self, op: Operation) -> bool:
         """Close an operation nobody finished where it was last active; True only the first time."""
-        return op.close(*op.stopped_by_caller(op.last_activity(), sc.ERROR_ABANDONED))
+        if not op.close(*op.stopped_by_caller(op.last_activity(), sc.ERROR_ABANDONED)):
+            return False
+        self._pending.pop(id(op), None)
+        return True
 
     def _write(self, op: Operation, exception: BaseException | None) -> None:
         """Span, metrics and event each on their own: a span processor that raises must not cost the histograms.
