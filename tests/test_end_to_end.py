@@ -30,6 +30,13 @@ from otel_llm import _semconv as sc
 from otel_llm._dashboards import render_dashboards
 from otel_llm.simulator import DEFAULT_MODEL, EngineConfig, Simulator, percentile
 
+# The async client's transport (httpx2) now and then has the collector finalize one of its response generators after
+# the event loop that ran it closed, which reports an unraisable "async generator already executing" (first seen
+# with 404ed streams, which go through the sync client since; seen once since from this module's other async
+# traffic). Not ours: otel_llm and its simulator hold no async generator. Any other unraisable still fails here.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:(?s).*async generator already executing:pytest.PytestUnraisableExceptionWarning")
+
 STREAMS = 1000
 RETIRED_MODEL = "retired-model"  # the simulator answers 404
 # a smooth, wide TTFT distribution: prompts from ~100 to ~40k characters, queueing beyond 24 slots, no rate limits
@@ -103,8 +110,7 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[prom.Pro
 
 def failed_before_a_token(base_url: str, calls: int) -> None:
     """Streams that fail before their first token: a model the simulator does not serve answers 404. (The sync
-    client: an async 404ed stream's response generator, collected after its loop closed, makes httpx2 report an
-    unraisable "async generator already executing" now and then.)"""
+    client: see pytestmark.)"""
     with openai.OpenAI(base_url=base_url, api_key="sim", max_retries=0) as client:
         for _ in range(calls):
             with contextlib.suppress(openai.NotFoundError):
