@@ -38,17 +38,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
-from peers import PEER, install_peer, with_peer
+from peers import OURS, PEER, install_peer, with_peer
 
 HERE = Path(__file__).resolve()
 
-OFF, OURS = "off", "otel_llm"
+OFF = "off"
 
 
 class Config(NamedTuple):
     workload: str
     chunks: int  # content chunks, 0: not streamed
-    instrumentation: str  # OFF, OURS or peers.PEER
+    instrumentation: str  # OFF, OURS or PEER
     usage: bool = True  # we ask for the usage chunk
     few: int = 10  # requests in the two runs whose difference is counted
     many: int = 60
@@ -105,7 +105,6 @@ def count(config: str, requests: int, caches: bool = False) -> dict[str, int]:
     found = CONFIGS[config]
     env = {**os.environ, "PYTHONHASHSEED": "0", "OTEL_LLM_STREAM_USAGE": "true" if found.usage else "false"}
     if found.instrumentation == PEER:
-        install_peer()
         env = with_peer(env)
     simulate = ["--cache-sim=no"]
     if caches:
@@ -132,6 +131,8 @@ def per_request(config: str, few: int | None = None, many: int | None = None) ->
 def per_request_counts(config: str, few: int | None = None, many: int | None = None,
                        caches: bool = False) -> dict[str, float]:
     few, many = few or CONFIGS[config].few, many or CONFIGS[config].many
+    if CONFIGS[config].instrumentation == PEER:
+        install_peer()  # before the two runs in parallel: one install, not two at once into the same folder
     with ThreadPoolExecutor(max_workers=2) as pool:
         low, high = pool.map(lambda requests: count(config, requests, caches), (few, many))
     return {name: (high[name] - low[name]) / (many - few) for name in low}
@@ -167,8 +168,6 @@ def main(argv: list[str] | None = None) -> int:
     if subprocess.run(["which", "valgrind"], capture_output=True).returncode:
         print("valgrind is not installed here: apt-get install valgrind", file=sys.stderr)
         return 1
-    if any(config.instrumentation == PEER for config in CONFIGS.values()):
-        install_peer()  # once, before the runs in parallel
     all_counts = {config: per_request_counts(config, caches=args.caches) for config in CONFIGS}
     counts = {config: found["instructions"] for config, found in all_counts.items()}
     off_of = {config.workload: name for name, config in CONFIGS.items() if config.instrumentation == OFF}

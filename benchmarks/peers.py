@@ -25,14 +25,14 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-PEER = "openai-v2"
-PEER_REQUIREMENTS = ("opentelemetry-instrumentation-openai-v2==2.4b0", "opentelemetry-util-genai==1.1b0",
+OURS, PEER, PEER_VERSION = "otel_llm", "openai-v2", "2.4b0"
+PEER_REQUIREMENTS = (f"opentelemetry-instrumentation-openai-v2=={PEER_VERSION}", "opentelemetry-util-genai==1.1b0",
                      "httpx==0.28.1", "httpcore==1.0.9")
-PEER_PATH = REPO / ".peers" / "openai-v2-2.4b0"
+PEER_PATH = REPO / ".peers" / f"{PEER}-{PEER_VERSION}"
 # otel_llm as shipped, and asking for no usage on streams as openai-v2 does (so recording no stream token counts or
 # time per output token either)
 NO_USAGE = "otel_llm, no usage"
-INSTRUMENTATIONS = ("otel_llm", NO_USAGE, PEER)
+INSTRUMENTATIONS = (OURS, NO_USAGE, PEER)
 # (name, content chunks (0: not streamed), pairs in a full run). A two-chunk stream (the fewest with a chunk gap and
 # a time per output token to record) costs the fixed part and two chunks: a steadier figure of the fixed part than
 # one drawn through long streams, whose median moves by more than the whole fixed part here.
@@ -57,8 +57,8 @@ def measure(instrumentation: str, workload_index: int, scale: int) -> dict[str, 
 
     name, chunks, pairs = WORKLOADS[workload_index]
     workload = overhead.Workload(name, chunks, pairs // scale)
-    if instrumentation in ("otel_llm", NO_USAGE):
-        configuration = overhead.Configuration(instrumentation, stream_usage=instrumentation == "otel_llm")
+    if instrumentation in (OURS, NO_USAGE):
+        configuration = overhead.Configuration(instrumentation, stream_usage=instrumentation == OURS)
         off, on, delta, moves = overhead.side_by_side(workload, configuration)  # checks what it recorded itself
     else:
         off, on, delta, moves = overhead._summary(_peer_side_by_side(overhead, workload))
@@ -135,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     install_peer()
     scale, rounds = (10, 1) if args.quick else (1, 2)
-    print(f"otel_llm beside {PEER} 2.4b0 (its defaults): openai {openai.__version__}, Python "
+    print(f"otel_llm beside {PEER} {PEER_VERSION} (its defaults): openai {openai.__version__}, Python "
           f"{sys.version.split()[0]}; CPU time of the calling thread, +us per request over the uninstrumented client "
           "(how far the median moves within the run)")
     print(_row("workload", "round", INSTRUMENTATIONS))
