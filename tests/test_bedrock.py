@@ -351,8 +351,9 @@ def test_invoke_model_stream_with_an_arn_model_id(otel: Captured) -> None:
 TIMING_TOKENS = ["one", " two", " three", " four", " five"]
 TIMING_USAGE = wb.Tokens(input=20, output=5)
 HEADERS_DELAY = 0.08
-# the events before the first token come after 40 ms; the first token 30 ms later; gaps well inside their buckets
-LEAD_DELAY, FIRST_DELAY, GAPS = 0.04, 0.03, [0.0225, 0.045, 0.072, 0.0285]
+# the events before the first token come after 40 ms; the first token 30 ms later; gaps well inside their buckets;
+# the rest 20 ms after the last token (a duration that ended at the last token would be 20 ms short)
+LEAD_DELAY, FIRST_DELAY, GAPS, TAIL_DELAY = 0.04, 0.03, [0.0225, 0.045, 0.072, 0.0285], 0.02
 
 Observation = tuple[int, list[tuple[int, bool]], int]  # issued, (arrival, is content) per event, ended
 
@@ -373,7 +374,7 @@ def content_gaps(arrivals: list[tuple[int, bool]]) -> list[float]:
 @pytest.mark.parametrize("call", [CONVERSE_STREAM, INVOKE_CLAUDE_STREAM], ids=stream_ids)
 def test_ttft_gaps_and_duration_match_the_callers_observation(otel: Captured, call: StreamCall) -> None:
     events = call.events(TIMING_TOKENS, TIMING_USAGE, None)
-    delays = [*([0.0] * call.leading), FIRST_DELAY, *GAPS]
+    delays = [*([0.0] * call.leading), FIRST_DELAY, *GAPS, TAIL_DELAY]
     delays[0] = LEAD_DELAY
     reply = wb.stream_reply(events, headers_delay=HEADERS_DELAY, delays=delays)
     with bedrock(lambda request: reply) as (client, _):
@@ -394,8 +395,10 @@ def test_ttft_gaps_and_duration_match_the_callers_observation(otel: Captured, ca
     # the events before the first token did not count
     assert observed_ttft >= HEADERS_DELAY + LEAD_DELAY + FIRST_DELAY
     assert second.end_time is not None and second.start_time is not None
+    # the duration is TTFT and the tail after the first token, each within 1 ms of the caller's view of it
     recorded_duration = (second.end_time - second.start_time) / 1e9
-    assert recorded_duration == pytest.approx(observed_duration, abs=1 * MS)
+    recorded_tail = recorded_duration - attrs[sc.RESPONSE_TIME_TO_FIRST_CHUNK]
+    assert recorded_tail == pytest.approx((ended - content[0]) / 1e9, abs=1 * MS)
     assert recorded_duration <= observed_duration
 
     ttfc = otel.point(sc.STABLE_NAMES.time_to_first_chunk.name)
