@@ -140,6 +140,17 @@ def otel(instrument: Instrument) -> Captured:
     return instrument()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "timing: compares clocks within milliseconds (every test using steady_clock "
+                                       "is one): scripts/test runs these alone, never beside another test run")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "steady_clock" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.timing)
+
+
 @pytest.fixture
 def steady_clock() -> Iterator[None]:
     """No garbage collection while a test compares our clock reads with the caller's: a collection of the whole

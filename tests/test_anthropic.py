@@ -969,6 +969,7 @@ def test_no_content_and_no_secrets_by_default(otel: Captured) -> None:
     assert API_KEY not in recorded and "x-api-key" not in recorded.lower()
 
 
+@pytest.mark.timing  # TPOT from pauses of 10-20 ms, within 4 ms
 def test_time_per_output_token_leaves_out_a_server_tools_wait(otel: Captured) -> None:
     """The web search runs on the service: 300 ms with no decoding between the text before it and after."""
     events = wa.message_events([("text", list("abc")), ("text", list("def"))], usage=wa.Usage(input=9, output=7))

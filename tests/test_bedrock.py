@@ -533,6 +533,7 @@ def _text_block(tokens: list[str]) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("shown", [False, True], ids=["thinking omitted", "thinking streamed"])
+@pytest.mark.timing  # TPOT from pauses of 10-20 ms, within 4 ms
 def test_invoke_stream_tpot_counts_the_thinking_tokens_that_streamed(otel: Captured, shown: bool) -> None:
     """Claude's thinking omitted (its block carries only a signature): the 2000 thinking tokens in the output count
     never streamed, and the answer's 5 tokens, 20 ms apart, are what TPOT times. Streamed, they count."""
@@ -553,6 +554,7 @@ def test_invoke_stream_tpot_counts_the_thinking_tokens_that_streamed(otel: Captu
     assert attrs[sc.TIME_PER_OUTPUT_TOKEN] == pytest.approx(expected, abs=0.004)
 
 
+@pytest.mark.timing  # TPOT from pauses of 10-20 ms, within 4 ms
 def test_invoke_stream_tpot_leaves_out_a_server_tools_wait(otel: Captured) -> None:
     """Claude's web search runs on the service: 300 ms with no decoding between the text before and after."""
     search = [{"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}},

@@ -690,6 +690,7 @@ def test_client_version_outside_the_known_range_is_skipped_before_its_adapter_is
                           wrapt.FunctionWrapper)
 
 
+@pytest.mark.timing  # the longest gap, a 20 ms pause, within 10 ms
 def test_unsampled_streams_keep_their_span_figures_but_record_no_gaps(instrument: Instrument) -> None:
     captured = instrument(OTEL_LLM_CHUNK_GAP_SAMPLE_RATE="0")
     client, _ = sync_client(openai_server(tokens=["a", "b", "c", "d"], usage=USAGE, delays=[0, 0, 0.001, 0.02, 0.001]))

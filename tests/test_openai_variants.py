@@ -398,6 +398,7 @@ def _reasoned_answer(summary: bool, answer: list[str], usage: wire.Usage) -> lis
 
 
 @pytest.mark.parametrize("summary", [False, True], ids=["no summary", "summary streamed"])
+@pytest.mark.timing  # TPOT from pauses of 10-20 ms, within 4 ms
 def test_responses_time_per_output_token_is_the_answers_own_after_unseen_reasoning(otel: Captured,
                                                                                     summary: bool) -> None:
     """A reasoning summary streams first and shows the model at work (TTFT is its first delta); then the model
@@ -413,6 +414,7 @@ def test_responses_time_per_output_token_is_the_answers_own_after_unseen_reasoni
     assert (attrs[sc.RESPONSE_TIME_TO_FIRST_CHUNK] < 0.1) is summary
 
 
+@pytest.mark.timing  # TPOT from pauses of 10-20 ms, within 4 ms
 def test_responses_time_per_output_token_leaves_out_a_hosted_tools_wait(otel: Captured) -> None:
     """A web search the service runs between two stretches of text: 300 ms with no decoding."""
     search = {"id": "ws_1", "type": "web_search_call", "status": "completed"}

@@ -209,6 +209,7 @@ async def timing_errors(sim: Simulator, requests: int) -> tuple[list[float], lis
     return ttft_errors, gap_errors
 
 
+@pytest.mark.timing  # the client's clock against the server's, within milliseconds
 async def test_client_timings_match_ground_truth() -> None:
     """On an idle machine 90% of TTFTs agree within 1.5 ms and 99% of chunk gaps within 0.4 ms. On a busy shared
     2-core machine every handoff between the client and server threads may wait for a CPU, which adds milliseconds
@@ -250,6 +251,7 @@ def test_same_seed_same_draws_other_seed_other_draws() -> None:
 # The latency model
 
 
+@pytest.mark.timing  # the client's clock against the server's, within milliseconds
 async def test_concurrency_raises_throughput_ttft_and_tpot() -> None:
     with Simulator(QUICK, seed=2) as sim:
         await run_load(sim, 1, 12, 20)
@@ -484,6 +486,7 @@ def test_messages_errors_are_anthropics_own(monkeypatch: pytest.MonkeyPatch) -> 
     assert [r.status for r in sim.truth()] == [200, 200]  # refusals before the draw leave no record
 
 
+@pytest.mark.timing  # the client's clock against the server's, within milliseconds
 def test_instrumented_messages_stream_ttft_is_close_to_the_truth(instrument: Instrument) -> None:
     """otel_llm's clock starts before the anthropic client builds the request, the truth's when the request head has
     arrived, so the span's TTFT exceeds the truth by that client work: a few ms at most on a busy machine."""
@@ -598,6 +601,7 @@ def test_bedrock_errors_are_bedrocks_own() -> None:
     assert [r.status for r in records] == [200, 429]
 
 
+@pytest.mark.timing  # the client's clock against the server's, within milliseconds
 def test_instrumented_bedrock_stream_ttft_is_close_to_the_truth(instrument: Instrument) -> None:
     """otel_llm's clock starts before botocore builds and signs the request, the truth's when the request head has
     arrived: the span's TTFT exceeds the truth by that client work, about 1.5 ms idle, a few ms on a busy machine.
