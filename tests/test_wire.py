@@ -448,6 +448,7 @@ def client_lags(request: wire.RecordedRequest, headers_ns: int, chunks_ns: list[
     return lags
 
 
+@pytest.mark.timing  # each server write seen within 2 ms
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_the_client_sees_each_pause_as_the_server_timed_it(transport: str) -> None:
     with openai_client(transport, *paused_replies()) as (client, requests):
@@ -465,6 +466,7 @@ def test_the_client_sees_each_pause_as_the_server_timed_it(transport: str) -> No
     assert max(lags) < TOLERANCE_NS, f"lags in ns on every attempt, last: {lags}"
 
 
+@pytest.mark.timing  # each server write seen within 2 ms
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_an_async_client_sees_each_pause_as_the_server_timed_it(transport: str) -> None:
     async with async_openai_client(transport, *paused_replies()) as (client, requests):
