@@ -607,8 +607,9 @@ def _time_per_output_token(op: Operation) -> float | None:
     """True TPOT: the spread of content chunks over the streamed tokens after the first; unknown without a token
     count, and with one content chunk (however many tokens it holds, their spread in time cannot be seen). Reasoning
     tokens a model keeps to itself (counted in OpenAI's output tokens) never reach the stream, and waits on tools
-    the service runs itself are not spent decoding."""
-    if not op.request.stream or op.output_tokens is None:
+    the service runs itself are not spent decoding. Unknown too where the stream hid reasoning (omitted, redacted)
+    that the output count holds without saying how much of it: a spread over all of it would be far too short."""
+    if not op.request.stream or op.output_tokens is None or (op.reasoning_hidden and op.reasoning_tokens is None):
         return None
     tokens, chunks, first_ns, waited_ns = op.output_tokens, op.content_chunks, op.first_content_ns, 0
     gaps, skipped = op.gaps_ns, 0  # gaps before the window

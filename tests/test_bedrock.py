@@ -5,6 +5,7 @@ every way a stream can finish, Bedrock's own latency beside ours, and error code
 from __future__ import annotations
 
 import asyncio
+import base64
 import bisect
 import contextlib
 import copy
@@ -552,6 +553,39 @@ def test_invoke_stream_tpot_counts_the_thinking_tokens_that_streamed(otel: Captu
     # streamed: 7 tokens over the thinking chunk, the 50 ms to the answer and its 4 gaps of 20 ms
     expected = (0.05 + 0.08) / 6 if shown else 0.02
     assert attrs[sc.TIME_PER_OUTPUT_TOKEN] == pytest.approx(expected, abs=0.004)
+
+
+@pytest.mark.parametrize("thinking", ["omitted", "redacted", "streamed"])
+@pytest.mark.timing  # TPOT from pauses of 10-20 ms, within 4 ms
+def test_converse_stream_tpot_needs_the_thinking_it_counts_to_have_streamed(otel: Captured, thinking: str) -> None:
+    """converse counts the thinking in its output tokens without saying how many. Thinking the stream did not show
+    as text (its signature alone, or a redacted block) leaves the answer's own count unknown: no TPOT, rather than
+    the answer's spread over 2005 tokens. Streamed, its tokens are among those timed."""
+    parts = {"omitted": [{"signature": "EqQBCgIYAhIM"}],
+             "redacted": [{"redactedContent": base64.b64encode(b"sealed").decode()}],
+             "streamed": [{"text": "Hmm."}, {"signature": "EqQBCgIYAhIM"}]}[thinking]
+    output = 7 if thinking == "streamed" else 2005
+    events = [wb.event("messageStart", {"role": "assistant"}),
+              *(wb.event("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"reasoningContent": part}})
+                for part in parts),
+              wb.event("contentBlockStop", {"contentBlockIndex": 0}),
+              *(wb.event("contentBlockDelta", {"contentBlockIndex": 1, "delta": {"text": token}}) for token in "abcde"),
+              wb.event("contentBlockStop", {"contentBlockIndex": 1}),
+              wb.event("messageStop", {"stopReason": "end_turn"}),
+              wb.event("metadata", {"usage": {"inputTokens": 9, "outputTokens": output, "totalTokens": 9 + output},
+                                    "metrics": {"latencyMs": 90}})]
+    delays = [0.0] * (len(parts) + 2) + [0.05] + [0.02] * 4  # the answer 50 ms after the thinking, 20 ms apart
+    with bedrock([wb.stream_reply(events, delays=delays)]) as (client, _):
+        list(client.converse_stream(modelId=MODEL, messages=MESSAGES)["stream"])
+    attrs = attributes(otel.span())
+    assert attrs[sc.USAGE_OUTPUT_TOKENS] == output
+    assert attrs[sc.CONTENT_CHUNKS] == 5 + (thinking != "omitted")  # a redacted block is output, a signature not
+    tpot = otel.points(sc.STABLE_NAMES.time_per_output_token.name)
+    if thinking == "streamed":  # 7 tokens over the thinking chunk, the 50 ms to the answer and its 4 gaps of 20 ms
+        assert attrs[sc.TIME_PER_OUTPUT_TOKEN] == pytest.approx((0.05 + 0.08) / 6, abs=0.004)
+        assert len(tpot) == 1
+    else:
+        assert sc.TIME_PER_OUTPUT_TOKEN not in attrs and tpot == []
 
 
 @pytest.mark.timing  # TPOT from pauses of 10-20 ms, within 4 ms

@@ -284,10 +284,19 @@ def _observe_converse_event(op: Operation, event: Mapping[str, Any]) -> int:
         delta = block.get("delta", {})
         if _note_text(op, delta.get("text")) == CONTENT:
             return CONTENT
-        reasoning = delta.get("reasoningContent") or {}
+        reasoning = delta.get("reasoningContent")
+        if reasoning:
+            if reasoning.get("text"):
+                op.reasoning_streamed = True
+                return CONTENT
+            if reasoning.get("redactedContent"):
+                op.reasoning_hidden = True
+                return CONTENT
+            if not op.reasoning_streamed:  # thinking omitted: its signature alone
+                op.reasoning_hidden = True
+            return OTHER  # a signature is not output
         tool = delta.get("toolUse") or {}
-        # a reasoning signature alone is not output
-        return CONTENT if tool.get("input") or reasoning.get("text") or reasoning.get("redactedContent") else OTHER
+        return CONTENT if tool.get("input") else OTHER
     if "messageStop" in event:  # the output is complete: the usage in metadata follows
         _note_finish(op, event["messageStop"].get("stopReason"))
         return DONE
