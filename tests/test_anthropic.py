@@ -226,6 +226,26 @@ def test_streamed_thinking_tokens_count_in_time_per_output_token(otel: Captured)
     assert attributes(otel.span())[sc.TIME_PER_OUTPUT_TOKEN] == pytest.approx(0.06 / 40, rel=0.25)
 
 
+@pytest.mark.parametrize("counted", [True, False], ids=["thinking counted", "thinking not counted"])
+@pytest.mark.parametrize("hidden", ["thinking", "redacted_thinking"], ids=["omitted", "redacted"])
+@pytest.mark.timing  # TPOT from pauses of 20 ms, within 4 ms
+def test_time_per_output_token_leaves_out_thinking_the_stream_hid(otel: Captured, hidden: str, counted: bool) -> None:
+    """Thinking omitted (its block carries a signature alone) or redacted never streams. The usage's thinking count
+    takes its 2000 tokens out of the 2005 output tokens, and TPOT times the answer's 5, 20 ms apart; without that
+    count the answer's own is unknown: no TPOT, rather than a spread over 2005 tokens."""
+    usage = wa.Usage(input=5, output=2005, thinking=2000 if counted else None)
+    events = wa.message_events([(hidden, []), ("text", list("abcde"))], usage=usage)
+    first_text = next(i for i, (_, e) in enumerate(events) if e.get("delta", {}).get("type") == "text_delta")
+    create(False, [wa.stream_reply(events, delays=[0.0] * first_text + [0.05] + [0.02] * 4)], **REQUEST, stream=True)
+    attrs = attributes(otel.span())
+    assert attrs[sc.CONTENT_CHUNKS] == 5
+    if counted:
+        assert attrs[sc.TIME_PER_OUTPUT_TOKEN] == pytest.approx(0.02, abs=0.004)
+    else:
+        assert sc.TIME_PER_OUTPUT_TOKEN not in attrs
+        assert otel.points(sc.STABLE_NAMES.time_per_output_token.name) == []
+
+
 def test_stream_cut_before_message_delta_reports_no_output_tokens(otel: Captured) -> None:
     # message_start says output_tokens: 1, a placeholder: unknown stays unset
     client, _ = sync_client([text_stream(drop_after=4)])

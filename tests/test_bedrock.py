@@ -533,23 +533,34 @@ def _text_block(tokens: list[str]) -> list[dict[str, Any]]:
     return [{"type": "text", "text": ""}, *({"type": "text_delta", "text": token} for token in tokens)]
 
 
-@pytest.mark.parametrize("shown", [False, True], ids=["thinking omitted", "thinking streamed"])
+@pytest.mark.parametrize(("thinking", "counted"), [("omitted", True), ("omitted", False), ("redacted", False),
+                                                   ("streamed", True)],
+                         ids=["thinking omitted", "thinking omitted, not counted", "thinking redacted, not counted",
+                              "thinking streamed"])
 @pytest.mark.timing  # TPOT from pauses of 10-20 ms, within 4 ms
-def test_invoke_stream_tpot_counts_the_thinking_tokens_that_streamed(otel: Captured, shown: bool) -> None:
+def test_invoke_stream_tpot_counts_the_thinking_tokens_that_streamed(otel: Captured, thinking: str,
+                                                                     counted: bool) -> None:
     """Claude's thinking omitted (its block carries only a signature): the 2000 thinking tokens in the output count
-    never streamed, and the answer's 5 tokens, 20 ms apart, are what TPOT times. Streamed, they count."""
-    thinking = [{"type": "thinking", "thinking": "", "signature": ""},
-                *([{"type": "thinking_delta", "thinking": "Hmm."}] if shown else []),
-                {"type": "signature_delta", "signature": "EqQBCgIYAhIM"}]
-    events = _claude_events([thinking, _text_block(list("abcde"))], output_tokens=2005 if not shown else 7,
-                            thinking_tokens=2000 if not shown else 2)
+    never streamed, and the answer's 5 tokens, 20 ms apart, are what TPOT times. Without that count (or with a
+    redacted block) the answer's own is unknown: no TPOT. Streamed, the thinking tokens count."""
+    shown = thinking == "streamed"
+    block = ([{"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix"}] if thinking == "redacted" else
+             [{"type": "thinking", "thinking": "", "signature": ""},
+              *([{"type": "thinking_delta", "thinking": "Hmm."}] if shown else []),
+              {"type": "signature_delta", "signature": "EqQBCgIYAhIM"}])
+    events = _claude_events([block, _text_block(list("abcde"))], output_tokens=7 if shown else 2005,
+                            thinking_tokens=(2 if shown else 2000) if counted else None)
     first_text = next(i for i, e in enumerate(events) if e.get("delta", {}).get("type") == "text_delta")
     delays = [0.0] * first_text + [0.05] + [0.02] * 4
     with bedrock([wb.stream_reply(wb.invoke_stream(events, None), delays=delays)]) as (client, _):
         list(client.invoke_model_with_response_stream(modelId=MODEL, body=json.dumps(CLAUDE.request("hi")))["body"])
     attrs = attributes(otel.span())
-    assert attrs[sc.USAGE_REASONING_OUTPUT_TOKENS] == (2 if shown else 2000)
+    assert attrs.get(sc.USAGE_REASONING_OUTPUT_TOKENS) == ((2 if shown else 2000) if counted else None)
     assert attrs[sc.CONTENT_CHUNKS] == 5 + shown
+    if not counted:
+        assert sc.TIME_PER_OUTPUT_TOKEN not in attrs
+        assert otel.points(sc.STABLE_NAMES.time_per_output_token.name) == []
+        return
     # streamed: 7 tokens over the thinking chunk, the 50 ms to the answer and its 4 gaps of 20 ms
     expected = (0.05 + 0.08) / 6 if shown else 0.02
     assert attrs[sc.TIME_PER_OUTPUT_TOKEN] == pytest.approx(expected, abs=0.004)

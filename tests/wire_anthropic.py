@@ -25,6 +25,7 @@ REQUEST_ID = "req_011CSHoEeqs5C35K2UUqR7Fy"
 TOOL_USE_ID = "toolu_01T1x1fJ34qAmk2tNTrN7Up6"
 TOOL_NAME = "get_weather"
 SIGNATURE = "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds"
+REDACTED_THINKING = "EmwKAhgBEgy3va3pzix/LafPsn4aDFIT2Xlxh0L5L8rLVyIwxtE3rAFBa8cr3qpPkNRj2YYgQ3vJLb9M"
 PING = b'event: ping\ndata: {"type": "ping"}\n\n'  # the API writes this one with spaces
 
 
@@ -48,7 +49,8 @@ def message_events(
     stop_reason: str | None = None,
     cumulative_input: bool = False,
 ) -> list[tuple[str, Json]]:
-    """The events of one streamed Message whose content is `blocks`: ("text" | "thinking" | "tool_use", deltas).
+    """The events of one streamed Message whose content is `blocks`: ("text" | "thinking" | "redacted_thinking" |
+    "tool_use", deltas).
 
     `message_start` carries the input counts and a placeholder `output_tokens: 1`; each block opens empty, gets one
     delta per element (a tool_use block first gets the empty `partial_json` the API sends, a thinking block ends with
@@ -67,6 +69,8 @@ def message_events(
         elif kind == "thinking":
             block = {"type": "thinking", "thinking": "", "signature": ""}
             field, delta_type = "thinking", "thinking_delta"
+        elif kind == "redacted_thinking":  # whole at its start: no deltas
+            block, field, delta_type = {"type": "redacted_thinking", "data": REDACTED_THINKING}, "", ""
         else:
             block = {"type": "tool_use", "id": TOOL_USE_ID, "name": TOOL_NAME, "input": {}}
             field, delta_type = "partial_json", "input_json_delta"

@@ -1,15 +1,19 @@
 """Anthropic's Messages shapes as message content of the conventions (see _content): the anthropic client's
-arguments, messages and stream events, and Claude's JSON bodies on Bedrock. Blocks may be the client's objects or
-plain dicts. Imports no SDK."""
+arguments, messages and stream events, and Claude's JSON bodies on Bedrock; and what a stream's blocks tell of the
+operation's timing (a server tool's wait, thinking the stream hides). Blocks may be the client's objects or plain
+dicts. Imports no SDK."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from otel_llm import _content as ct
 from otel_llm import _semconv as sc
 from otel_llm._content import Message, Output, Part
 from otel_llm.providers._values import field
+
+if TYPE_CHECKING:
+    from otel_llm._operation import Operation
 
 _MODALITIES = {"image": sc.MODALITY_IMAGE, "document": sc.MODALITY_DOCUMENT}
 
@@ -91,8 +95,18 @@ def gather_event(output: Output, event: Any) -> None:
                                       whole=ct.plain(field(block, "input")))
 
 
-def is_server_tool_result(block_type: object) -> bool:
-    """A block of the answer holding what a tool the service ran itself found (web_search_tool_result,
-    code_execution_tool_result, mcp_tool_result, ...): the model waited on it, decoding nothing. Results of the
-    caller's own tools come in requests, never in an answer."""
-    return isinstance(block_type, str) and block_type.endswith("_tool_result")
+def block_started(op: Operation, block_type: object) -> None:
+    """A block of a streamed answer starts. One holding what a tool the service ran itself found
+    (web_search_tool_result, code_execution_tool_result, mcp_tool_result, ...): the model waited on it, decoding
+    nothing (results of the caller's own tools come in requests, never in an answer). A redacted thinking block:
+    reasoning the stream hides, its tokens in the output count."""
+    if block_type == "redacted_thinking":
+        op.reasoning_hidden = True
+    elif isinstance(block_type, str) and block_type.endswith("_tool_result"):
+        op.waiting_on_a_tool()
+
+
+def signature_arrived(op: Operation) -> None:
+    """A thinking block's signature: with no thinking text streamed before it, the thinking was omitted."""
+    if not op.reasoning_streamed:
+        op.reasoning_hidden = True

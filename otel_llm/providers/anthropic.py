@@ -229,6 +229,8 @@ class _Messages:
                     return OTHER
                 op.reasoning_streamed = True  # the thinking tokens are among those streamed
                 return CONTENT
+            if kind == "signature_delta":
+                _claude.signature_arrived(op)
             return OTHER  # signature and citations deltas carry no output tokens
         if event == "message_start":
             message = chunk.message
@@ -242,8 +244,8 @@ class _Messages:
                 return DONE
         elif event == "message_stop":
             return DONE
-        elif event == "content_block_start" and _claude.is_server_tool_result(chunk.content_block.type):
-            op.waiting_on_a_tool()
+        elif event == "content_block_start":
+            _claude.block_started(op, chunk.content_block.type)
         return OTHER
 
     def gather(self, op: Operation, chunk: Any) -> None:

@@ -319,10 +319,11 @@ def _read_claude(op: Operation, payload: Mapping[str, Any]) -> int:
         if delta.get("thinking"):
             op.reasoning_streamed = True  # the thinking tokens are among those streamed
             return CONTENT
+        if delta.get("type") == "signature_delta":
+            _claude.signature_arrived(op)
         return CONTENT if delta.get("partial_json") else OTHER  # a signature alone is no output
     if kind == "content_block_start":
-        if _claude.is_server_tool_result(payload.get("content_block", {}).get("type")):
-            op.waiting_on_a_tool()
+        _claude.block_started(op, payload.get("content_block", {}).get("type"))
     elif kind == "message_start":
         _read_claude_message(op, payload.get("message", {}), final=False)
     elif kind == "message_delta":
