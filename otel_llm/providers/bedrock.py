@@ -289,12 +289,9 @@ def _observe_converse_event(op: Operation, event: Mapping[str, Any]) -> int:
             if reasoning.get("text"):
                 op.reasoning_streamed = True
                 return CONTENT
-            if reasoning.get("redactedContent"):
+            if reasoning.get("redactedContent") or not op.reasoning_streamed:  # redacted, or omitted (a signature)
                 op.reasoning_hidden = True
-                return CONTENT
-            if not op.reasoning_streamed:  # thinking omitted: its signature alone
-                op.reasoning_hidden = True
-            return OTHER  # a signature is not output
+            return OTHER  # neither a signature nor a redacted block is output anyone reads, as in Claude's events
         tool = delta.get("toolUse") or {}
         return CONTENT if tool.get("input") else OTHER
     if "messageStop" in event:  # the output is complete: the usage in metadata follows
