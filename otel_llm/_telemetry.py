@@ -194,6 +194,11 @@ class Telemetry:
     def _write(self, op: Operation, exception: BaseException | None) -> None:
         """Span, metrics and event each on their own: a span processor that raises must not cost the histograms.
         Content (opt-in) is written as JSON once, for the span and the event alike."""
+        # a server's id or model that is not text is left out: as a metric attribute a list would cost every point
+        if not isinstance(op.response_id, str | None):
+            op.response_id = None
+        if not isinstance(op.response_model, str | None):
+            op.response_model = None
         tpot = _time_per_output_token(op)
         on_span = self.settings.capture_content.on_span
         content = _content_attributes(op) if on_span or self._logger is not None else {}  # each part guarded

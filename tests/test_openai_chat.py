@@ -666,6 +666,25 @@ def test_counts_written_as_whole_floats_are_counts(otel: Captured) -> None:
     assert type(attrs[sc.USAGE_INPUT_TOKENS]) is int
 
 
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "plain"])
+def test_an_id_and_model_that_are_not_text_are_left_out_and_the_metrics_kept(otel: Captured, stream: bool) -> None:
+    """The client hands on whatever a server put in ``id`` and ``model``; as a metric attribute a list would cost
+    the call every point."""
+    if stream:
+        events = wire.chat_stream(TOKENS, usage=USAGE)
+        events[0] = events[0].replace(b'"id":"chatcmpl-abc"', b'"id":7').replace(b'"model":"gpt-4o-mini-2024-07-18"',
+                                                                                b'"model":["m"]')
+        reply = wire.Reply.stream(events)
+    else:
+        reply = wire.Reply.json({**wire.chat_completion_body("hi", usage=USAGE), "id": 7, "model": ["m"]})
+    chat(False, [reply], model="gpt-4o-mini", messages=MESSAGES, stream=stream)
+    attrs = attributes(otel.span())
+    assert sc.RESPONSE_ID not in attrs and sc.RESPONSE_MODEL not in attrs
+    assert attrs[sc.USAGE_OUTPUT_TOKENS] == USAGE.output
+    duration = otel.point(sc.STABLE_NAMES.duration.name)
+    assert duration.count == 1 and sc.RESPONSE_MODEL not in duration.attributes
+
+
 def _helper_events(client: Any) -> list[str]:
     with client.chat.completions.stream(model="m", messages=MESSAGES) as stream:
         events = [event.type for event in stream]
