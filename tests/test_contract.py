@@ -3,17 +3,21 @@ nothing it sends or receives is altered or leaked, and instrument/uninstrument a
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
 import importlib
 import importlib.util
 import json
 import logging
+import random
 import subprocess
 import sys
 import textwrap
 import threading
 import time
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +147,87 @@ def test_our_failure_on_an_odd_chunk_is_swallowed_and_logged_once(
     assert [r.message for r in caplog.records].count(
         "otel_llm: internal failure in stream chunk; telemetry for this call is incomplete") == 1
     assert otel.span().status.status_code is StatusCode.UNSET
+
+
+# values a server may send in place of what the client's types say: each of another type
+ODD_VALUES: list[Any] = [None, 0, -1, 1.5, "", "x", [], {}, [1], {"a": 1}, True, 10**20]
+
+
+def _oddly(events: list[bytes], rng: random.Random, spare: int | None) -> list[bytes]:
+    """Each JSON event but the one at index ``spare``, with probability 0.4: one or two of its values, at any depth,
+    replaced by an odd value or removed."""
+    out = []
+    for index, event in enumerate(events):
+        if not event.startswith(b"data: {") or index == spare or rng.random() > 0.4:
+            out.append(event)
+            continue
+        data = json.loads(event.removeprefix(b"data: "))
+        paths = list(_paths(data, []))
+        for path in rng.sample(paths, min(len(paths), rng.randint(1, 2))):
+            parent = data
+            with contextlib.suppress(KeyError, IndexError, TypeError):  # an earlier change may have moved it
+                for key in path[:-1]:
+                    parent = parent[key]
+                if isinstance(parent, dict) and rng.random() < 0.15:
+                    del parent[path[-1]]
+                else:
+                    parent[path[-1]] = copy.deepcopy(rng.choice(ODD_VALUES))
+        out.append(wire.sse(data))
+    return out
+
+
+def _paths(value: Any, path: list[Any]) -> Iterator[list[Any]]:
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        yield [*path, key]
+        yield from _paths(item, [*path, key])
+
+
+def test_streams_with_odd_values_anywhere_reach_the_caller_unchanged_and_are_recorded(
+        instrument: Instrument, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """200 chat streams (a seeded draw), each with values of another type or missing anywhere in its chunks. What
+    the caller gets (every chunk, or the client's own exception) is what it gets without us, less any chunk shaped as
+    the usage chunk we asked for when the caller did not (no choices, a usage: hidden whatever the usage holds); every
+    call still ends in one span and one duration; and our only failures are chunks we could not read (logged,
+    skipped). Found this way: a model name a server sent as a list cost its call every metric point, and a chunk
+    whose choices were null or a string was hidden as a usage chunk."""
+    rng = random.Random(5)
+    cases = []  # (the caller asked for usage, the events a server sends when it is asked)
+    for _ in range(200):
+        asked = rng.random() < 0.5
+        # the usage chunk we ask for comes from a server that was asked: odd only where the caller asked too
+        events = wire.chat_stream(TOKENS, usage=USAGE)
+        cases.append((asked, _oddly(events, rng, spare=None if asked else len(events) - 2)))
+
+    def read(asked: bool, events: list[bytes]) -> tuple[list[str], str | None]:
+        client, _ = sync_client([wire.Reply.stream(events)])
+        options: dict[str, Any] = {"stream_options": {"include_usage": True}} if asked else {}
+        chunks: list[str] = []
+        try:
+            for chunk in client.chat.completions.create(model="m", messages=MESSAGES, stream=True, **options):
+                chunks.append(chunk.model_dump_json(warnings=False))
+        except Exception as error:
+            return chunks, type(error).__name__
+        return chunks, None
+
+    def ours_hidden(chunk: str) -> bool:
+        data = json.loads(chunk)
+        return data["choices"] == [] and data["usage"] is not None
+
+    without = []
+    for asked, events in cases:
+        chunks, error = read(asked, events if asked else events[:-2] + events[-1:])
+        without.append((chunks if asked else [chunk for chunk in chunks if not ours_hidden(chunk)], error))
+    monkeypatch.setattr(_safety, "strict", False)
+    otel = instrument()
+    with caplog.at_level(logging.WARNING, logger="otel_llm"):
+        for (asked, events), expected in zip(cases, without, strict=True):
+            monkeypatch.setattr(_safety, "_reported", set())  # every failure logged, not only each site's first
+            assert read(asked, events) == expected
+    assert len(otel.spans()) == len(cases)
+    assert sum(point.count for point in otel.points(sc.STABLE_NAMES.duration.name)) == len(cases)
+    assert {record.getMessage() for record in caplog.records} == {
+        "otel_llm: internal failure in stream chunk; telemetry for this call is incomplete"}
 
 
 @pytest.mark.parametrize("method, where", [("on_start", "span start"), ("on_end", "span")])

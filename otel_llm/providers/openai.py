@@ -318,8 +318,9 @@ def _read_completion(op: Operation, result: Any) -> None:
 
 
 def _usage_chunk(op: Operation, chunk: Any) -> int:
-    """A chunk without choices: the usage chunk at the end of a stream (hidden when we asked for it), or nothing."""
-    if chunk.usage is None:
+    """A chunk without choices: the usage chunk at the end of a stream (hidden when we asked for it), or nothing.
+    Only an empty list of choices is that chunk's shape, as the lift reads it too: ``null`` or a string is not."""
+    if chunk.usage is None or chunk.choices != []:
         return OTHER
     _read_chat_usage(op, chunk.usage)  # whatever the server put there: the chunk is hidden all the same
     return HIDDEN if op.hide_usage_chunk else OTHER
