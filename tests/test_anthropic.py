@@ -8,6 +8,8 @@ import asyncio
 import gc
 import itertools
 import json
+import logging
+import random
 import time
 from typing import Any
 
@@ -26,6 +28,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 import otel_llm
+from otel_llm import _safety
 from otel_llm import _semconv as sc
 from otel_llm.providers import anthropic as anthropic_adapter
 
@@ -244,6 +247,41 @@ def test_time_per_output_token_leaves_out_thinking_the_stream_hid(otel: Captured
     else:
         assert sc.TIME_PER_OUTPUT_TOKEN not in attrs
         assert otel.points(sc.STABLE_NAMES.time_per_output_token.name) == []
+
+
+def test_streams_with_odd_values_anywhere_reach_the_caller_unchanged_and_are_recorded(
+        instrument: Instrument, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """200 message streams of text, thinking, redacted thinking and tool input (a seeded draw), each with values of
+    another type or missing anywhere in its events. What the caller gets (every event, or the client's own
+    exception) is what it gets without us; every call still ends in one span and one duration; and our only failures
+    are events we could not read (logged, skipped). As for openai's chat in tests/test_contract.py."""
+    rng = random.Random(5)
+    shapes = [[("text", ["a", "b", "c"])], [("thinking", ["x", "y"]), ("text", ["a", "b"])],
+              [("tool_use", ['{"a":', "1}"])], [("redacted_thinking", []), ("text", ["a"])]]
+    cases = [[(name, wire.oddly(data, rng) if rng.random() < 0.35 else data) for name, data in wa.message_events(
+        rng.choice(shapes), usage=wa.Usage(input=3, output=5, thinking=rng.choice([None, 2])))] for _ in range(200)]
+
+    def read(events: list[tuple[str, Any]]) -> tuple[list[str], str | None]:
+        client, _ = sync_client([wa.stream_reply(events)])
+        received: list[str] = []
+        try:
+            for event in client.messages.create(**REQUEST, stream=True):
+                received.append(event.model_dump_json(warnings=False))
+        except Exception as error:
+            return received, type(error).__name__
+        return received, None
+
+    without = [read(events) for events in cases]
+    monkeypatch.setattr(_safety, "strict", False)
+    otel = instrument()
+    with caplog.at_level(logging.WARNING, logger="otel_llm"):
+        for events, expected in zip(cases, without, strict=True):
+            monkeypatch.setattr(_safety, "_reported", set())  # every failure logged, not only each site's first
+            assert read(events) == expected
+    assert len(otel.spans()) == len(cases)
+    assert sum(point.count for point in otel.points(sc.STABLE_NAMES.duration.name)) == len(cases)
+    assert {record.getMessage() for record in caplog.records} == {
+        "otel_llm: internal failure in stream chunk; telemetry for this call is incomplete"}
 
 
 def test_stream_cut_before_message_delta_reports_no_output_tokens(otel: Captured) -> None:

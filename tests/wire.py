@@ -18,9 +18,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import copy
 import functools
 import importlib
 import json
+import random
 import socket
 import socketserver
 import struct
@@ -66,6 +68,33 @@ class Usage:
     @property
     def total(self) -> int:
         return self.input + self.output
+
+
+# values a server may send where the client's types say otherwise: each of another type
+ODD_VALUES: list[Any] = [None, 0, -1, 1.5, "", "x", [], {}, [1], {"a": 1}, True, 10**20]
+
+
+def oddly(data: Any, rng: random.Random) -> Any:
+    """A copy of a JSON value with one or two of its values, at any depth, replaced by an odd one or removed."""
+    data = copy.deepcopy(data)
+    paths = list(_paths(data, []))
+    for path in rng.sample(paths, min(len(paths), rng.randint(1, 2))):
+        parent = data
+        with contextlib.suppress(KeyError, IndexError, TypeError):  # an earlier change may have moved it
+            for key in path[:-1]:
+                parent = parent[key]
+            if isinstance(parent, dict) and rng.random() < 0.15:
+                del parent[path[-1]]
+            else:
+                parent[path[-1]] = copy.deepcopy(rng.choice(ODD_VALUES))
+    return data
+
+
+def _paths(value: Any, path: list[Any]) -> Iterator[list[Any]]:
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        yield [*path, key]
+        yield from _paths(item, [*path, key])
 
 
 def sse(data: Json | str, *, event: str | None = None) -> bytes:
