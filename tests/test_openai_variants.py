@@ -546,6 +546,19 @@ def test_embeddings(otel: Captured) -> None:
     assert otel.points(usage_name, gen_ai__token__type="output") == []
 
 
+@pytest.mark.parametrize("prompt_tokens", ["6", -6, [6], None])
+def test_embeddings_usage_that_is_no_count_is_left_out_and_the_duration_kept(otel: Captured,
+                                                                            prompt_tokens: object) -> None:
+    """Found by mutating responses at the wire: a usage of another type made the call lose every metric point."""
+    body = wire.embedding_body(2, usage_prompt_tokens=6)
+    body["usage"]["prompt_tokens"] = prompt_tokens
+    client, _ = sync_client([wire.Reply.json(body)])
+    client.embeddings.create(model="text-embedding-3-small", input=["ab", "cde"])
+    assert sc.USAGE_INPUT_TOKENS not in attributes(otel.span())
+    assert otel.points(sc.STABLE_NAMES.token_usage.name) == []  # type: ignore[union-attr]
+    assert otel.point(sc.STABLE_NAMES.duration.name).count == 1
+
+
 # --- where the client points ----------------------------------------------------------------------------------
 
 

@@ -783,8 +783,7 @@ class _Embeddings(_Endpoint):
 
     def read_final(self, op: Operation, result: Any) -> None:
         op.response_model = result.model
-        if result.usage is not None:
-            op.input_tokens = result.usage.prompt_tokens
+        op.input_tokens = count(field(result.usage, "prompt_tokens"))
 
     def observe(self, op: Operation, chunk: Any) -> int:
         return OTHER
