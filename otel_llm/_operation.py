@@ -71,8 +71,8 @@ class Operation(_WeaklyReferable):
     cache_creation_tokens: int | None = None
     reasoning_tokens: int | None = None
     reasoning_streamed: bool = False  # reasoning text came in the stream: its tokens are among those streamed
-    # reasoning the stream did not show as text (a signature alone, a redacted block), in an output count that does
-    # not say how many of its tokens it took (Bedrock's converse): the answer's own token count is unknown
+    # reasoning the stream did not show as text (a signature alone, a redacted block): its tokens are in the output
+    # count, and unless reasoning_tokens says how many (converse never does), the answer's own count is unknown
     reasoning_hidden: bool = False
     # content chunks at the stream's start that summarize reasoning whose own tokens never stream (OpenAI's
     # reasoning summaries): the model reasons unseen after them, so the answer's time per token is timed from after

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import os
 
 # our own failures must fail the tests instead of being logged and swallowed; set before otel_llm is imported
 os.environ["OTEL_LLM_STRICT"] = "1"
 
-from collections.abc import Callable, Coroutine, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,8 +25,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 import otel_llm
+from otel_llm import _safety, _telemetry
 from otel_llm import _semconv as sc
-from otel_llm import _telemetry
 
 # what a finalizer ended waits for the next call or collection, as tests expect: no timed writes in between
 _telemetry.LATER_WAIT_S = None
@@ -190,3 +191,35 @@ def async_client(replies: wire.ReplySource, **options: Any) -> tuple[openai.Asyn
 def attributes(span: ReadableSpan) -> Mapping[str, Any]:
     assert span.attributes is not None
     return span.attributes
+
+
+Received = tuple[list[str], str | None]  # each item a caller got, as JSON; the class of the error it got, if any
+
+
+def received(call: Callable[[], Iterable[Any]]) -> Received:
+    """What a caller gets reading the stream ``call()`` hands it: every item, then the client's exception if any."""
+    items: list[str] = []
+    try:
+        for item in call():
+            items.append(item.model_dump_json(warnings=False))
+    except Exception as error:
+        return items, type(error).__name__
+    return items, None
+
+
+def assert_read_alike_and_recorded(instrument: Instrument, monkeypatch: pytest.MonkeyPatch,
+                                   caplog: pytest.LogCaptureFixture, cases: Sequence[Any],
+                                   read: Callable[[Any], Received], without: Sequence[Received]) -> None:
+    """Instrumented, with our own failures logged rather than raised: each case reads as it did without us
+    (``without``); every call ends in one span and one duration; and our only failures are chunks we could not
+    read (logged, skipped)."""
+    monkeypatch.setattr(_safety, "strict", False)
+    otel = instrument()
+    with caplog.at_level(logging.WARNING, logger="otel_llm"):
+        for case, expected in zip(cases, without, strict=True):
+            monkeypatch.setattr(_safety, "_reported", set())  # every failure logged, not only each site's first
+            assert read(case) == expected
+    assert len(otel.spans()) == len(cases)
+    assert sum(point.count for point in otel.points(sc.STABLE_NAMES.duration.name)) == len(cases)
+    assert {record.getMessage() for record in caplog.records} == {
+        "otel_llm: internal failure in stream chunk; telemetry for this call is incomplete"}

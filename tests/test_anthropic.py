@@ -8,7 +8,6 @@ import asyncio
 import gc
 import itertools
 import json
-import logging
 import random
 import time
 from typing import Any
@@ -21,14 +20,13 @@ import wire
 import wire_anthropic as wa
 import wire_bedrock as wb
 import wrapt
-from conftest import Captured, Instrument, attributes, cancel_midway
+from conftest import Captured, Instrument, Received, assert_read_alike_and_recorded, attributes, cancel_midway, received
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
 import otel_llm
-from otel_llm import _safety
 from otel_llm import _semconv as sc
 from otel_llm.providers import anthropic as anthropic_adapter
 
@@ -261,27 +259,11 @@ def test_streams_with_odd_values_anywhere_reach_the_caller_unchanged_and_are_rec
     cases = [[(name, wire.oddly(data, rng) if rng.random() < 0.35 else data) for name, data in wa.message_events(
         rng.choice(shapes), usage=wa.Usage(input=3, output=5, thinking=rng.choice([None, 2])))] for _ in range(200)]
 
-    def read(events: list[tuple[str, Any]]) -> tuple[list[str], str | None]:
+    def read(events: list[tuple[str, Any]]) -> Received:
         client, _ = sync_client([wa.stream_reply(events)])
-        received: list[str] = []
-        try:
-            for event in client.messages.create(**REQUEST, stream=True):
-                received.append(event.model_dump_json(warnings=False))
-        except Exception as error:
-            return received, type(error).__name__
-        return received, None
+        return received(lambda: client.messages.create(**REQUEST, stream=True))
 
-    without = [read(events) for events in cases]
-    monkeypatch.setattr(_safety, "strict", False)
-    otel = instrument()
-    with caplog.at_level(logging.WARNING, logger="otel_llm"):
-        for events, expected in zip(cases, without, strict=True):
-            monkeypatch.setattr(_safety, "_reported", set())  # every failure logged, not only each site's first
-            assert read(events) == expected
-    assert len(otel.spans()) == len(cases)
-    assert sum(point.count for point in otel.points(sc.STABLE_NAMES.duration.name)) == len(cases)
-    assert {record.getMessage() for record in caplog.records} == {
-        "otel_llm: internal failure in stream chunk; telemetry for this call is incomplete"}
+    assert_read_alike_and_recorded(instrument, monkeypatch, caplog, cases, read, [read(events) for events in cases])
 
 
 def test_stream_cut_before_message_delta_reports_no_output_tokens(otel: Captured) -> None:

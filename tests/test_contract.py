@@ -24,7 +24,17 @@ import pydantic
 import pytest
 import wire
 import wrapt
-from conftest import API_KEY, Captured, Instrument, attributes, openai_server, sync_client
+from conftest import (
+    API_KEY,
+    Captured,
+    Instrument,
+    Received,
+    assert_read_alike_and_recorded,
+    attributes,
+    openai_server,
+    received,
+    sync_client,
+)
 from opentelemetry import trace
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.sdk._logs import LoggerProvider
@@ -169,16 +179,11 @@ def test_streams_with_odd_values_anywhere_reach_the_caller_unchanged_and_are_rec
         events = wire.chat_stream(TOKENS, usage=USAGE)
         cases.append((asked, _oddly(events, rng, spare=None if asked else len(events) - 2)))
 
-    def read(asked: bool, events: list[bytes]) -> tuple[list[str], str | None]:
+    def read(case: tuple[bool, list[bytes]]) -> Received:
+        asked, events = case
         client, _ = sync_client([wire.Reply.stream(events)])
         options: dict[str, Any] = {"stream_options": {"include_usage": True}} if asked else {}
-        chunks: list[str] = []
-        try:
-            for chunk in client.chat.completions.create(model="m", messages=MESSAGES, stream=True, **options):
-                chunks.append(chunk.model_dump_json(warnings=False))
-        except Exception as error:
-            return chunks, type(error).__name__
-        return chunks, None
+        return received(lambda: client.chat.completions.create(model="m", messages=MESSAGES, stream=True, **options))
 
     def ours_hidden(chunk: str) -> bool:
         data = json.loads(chunk)
@@ -186,18 +191,9 @@ def test_streams_with_odd_values_anywhere_reach_the_caller_unchanged_and_are_rec
 
     without = []
     for asked, events in cases:
-        chunks, error = read(asked, events if asked else events[:-2] + events[-1:])
+        chunks, error = read((asked, events if asked else events[:-2] + events[-1:]))
         without.append((chunks if asked else [chunk for chunk in chunks if not ours_hidden(chunk)], error))
-    monkeypatch.setattr(_safety, "strict", False)
-    otel = instrument()
-    with caplog.at_level(logging.WARNING, logger="otel_llm"):
-        for (asked, events), expected in zip(cases, without, strict=True):
-            monkeypatch.setattr(_safety, "_reported", set())  # every failure logged, not only each site's first
-            assert read(asked, events) == expected
-    assert len(otel.spans()) == len(cases)
-    assert sum(point.count for point in otel.points(sc.STABLE_NAMES.duration.name)) == len(cases)
-    assert {record.getMessage() for record in caplog.records} == {
-        "otel_llm: internal failure in stream chunk; telemetry for this call is incomplete"}
+    assert_read_alike_and_recorded(instrument, monkeypatch, caplog, cases, read, without)
 
 
 @pytest.mark.parametrize("method, where", [("on_start", "span start"), ("on_end", "span")])
