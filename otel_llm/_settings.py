@@ -40,7 +40,7 @@ class Settings:
     capture_content: CaptureContent = CaptureContent.NO_CONTENT
     # ask OpenAI-style servers for usage on streams (stream_options.include_usage) and hide that extra chunk
     stream_usage: bool = True
-    # share of streams whose every chunk gap goes into the per-chunk histogram (see README, "Overhead")
+    # share of streams whose every chunk gap goes into the per-chunk histogram (benchmarks/README.md)
     chunk_gap_sample_rate: float = 1.0
     metric_names: _semconv.MetricNames = _semconv.STABLE_NAMES
 
