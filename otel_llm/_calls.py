@@ -12,7 +12,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 
 from otel_llm._safety import report_failure
-from otel_llm._stream import AsyncResponseProxy, StreamProxy, async_stream_proxy, response_proxy
+from otel_llm._stream import (
+    AsyncResponseProxy,
+    AsyncStreamProxy,
+    StreamProxy,
+    async_helper_events,
+    async_stream_proxy,
+    helper_events,
+    response_proxy,
+)
 from otel_llm._telemetry import live_telemetry
 
 if TYPE_CHECKING:
@@ -175,6 +183,29 @@ def before(action: Callable[[Any], None]) -> Callable[[Telemetry], Wrapper]:
             except Exception:
                 report_failure("close hook")
             return wrapped(*args, **kwargs)
+
+        return wrapper
+
+    return make
+
+
+def helper_stream(raw_stream_of: Callable[[Any], object]) -> Callable[[Telemetry], Wrapper]:
+    """Wraps an SDK helper's generator of events (sync or async) over the stream ``raw_stream_of(helper)``: over one
+    of ours, an error the helper raises fails the operation (``helper_events``)."""
+
+    def make(telemetry: Telemetry) -> Wrapper:
+        def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            events = wrapped(*args, **kwargs)
+            try:
+                raw_stream = raw_stream_of(instance)
+            except Exception:
+                report_failure("stream helper")
+                return events
+            if isinstance(raw_stream, AsyncStreamProxy):
+                return async_helper_events(events, raw_stream)
+            if isinstance(raw_stream, StreamProxy):
+                return helper_events(events, raw_stream)
+            return events  # not a stream we measure
 
         return wrapper
 

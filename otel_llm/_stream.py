@@ -13,7 +13,7 @@ import contextlib
 import copy
 import time
 from array import array
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -332,6 +332,28 @@ def closed_by_helper(raw_stream: object) -> None:
     """An SDK helper closed the HTTP response under a stream it wraps, bypassing the stream's own close()."""
     if isinstance(raw_stream, _StreamLifecycle):
         raw_stream._self_closed()
+
+
+def helper_events(events: Iterator[Any], raw_stream: StreamProxy) -> Iterator[Any]:
+    """An SDK helper's events made from a stream of ours: what the helper itself raises on what it read (its
+    structured-output parser refusing an answer cut at the length limit) fails the operation, as the same refusal
+    fails the call that does not stream. The caller's own code never runs in here; errors of the stream below were
+    recorded where they arose, and the finish is once."""
+    try:
+        yield from events
+    except Exception as exc:
+        raw_stream._self_telemetry.finish(raw_stream._self_op, exc)
+        raise
+
+
+async def async_helper_events(events: AsyncIterator[Any], raw_stream: AsyncStreamProxy) -> AsyncIterator[Any]:
+    """``helper_events`` for an async helper."""
+    try:
+        async for event in events:
+            yield event
+    except Exception as exc:
+        raw_stream._self_telemetry.finish(raw_stream._self_op, exc)
+        raise
 
 
 class _ResponseLifecycle(_Holder):

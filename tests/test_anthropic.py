@@ -218,6 +218,7 @@ def test_thinking_and_tool_input_deltas_are_content_signatures_are_not(otel: Cap
     assert attrs[sc.USAGE_REASONING_OUTPUT_TOKENS] == 12
 
 
+@pytest.mark.timing  # TPOT from pauses of 20 ms, within a quarter
 def test_streamed_thinking_tokens_count_in_time_per_output_token(otel: Captured) -> None:
     """Thinking deltas are streamed output: TPOT spreads over every output token, thinking ones included."""
     usage = wa.Usage(input=5, output=41, thinking=20)
@@ -645,6 +646,34 @@ def test_a_raw_structured_answer_the_parser_refuses_is_read_as_sent(otel: Captur
     with pytest.raises(pydantic.ValidationError):
         raw.parse() if not is_async else asyncio.run(raw.parse())
     assert len(otel.spans()) == 1
+
+
+@pytest.mark.parametrize("beta", [False, True], ids=["messages", "beta"])
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_a_stream_helper_refusing_a_structured_answer_cut_short_fails_the_call(otel: Captured, beta: bool,
+                                                                                is_async: bool) -> None:
+    """The stream() helper parses each text block as it ends, and raises on an answer cut at max_tokens after our
+    stream handed the event over: the operation fails with the caller's error, not as a stream the caller stopped."""
+    events = wa.text_events(['{"city": ', '"Par'], usage=USAGE, stop_reason="max_tokens")
+    cut = wa.stream_reply(events)
+
+    def helper(client: Any) -> Any:
+        return (client.beta.messages if beta else client.messages).stream(**REQUEST, output_format=Answer)
+
+    if is_async:
+        async def read() -> None:
+            async with helper(async_client([cut])[0]) as stream:
+                async for _ in stream:
+                    pass
+
+        with pytest.raises(pydantic.ValidationError):
+            asyncio.run(read())
+    else:
+        with pytest.raises(pydantic.ValidationError), helper(sync_client([cut])[0]) as stream:
+            for _ in stream:
+                pass
+    otel.assert_finished("ValidationError")
+    assert attributes(otel.span())[sc.CONTENT_CHUNKS] == 2
 
 
 def test_messages_parse_is_an_operation(otel: Captured) -> None:

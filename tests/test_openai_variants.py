@@ -132,6 +132,58 @@ def test_a_responses_structured_answer_cut_short_fails_the_call_and_keeps_its_us
     assert (attrs[sc.USAGE_INPUT_TOKENS], attrs[sc.USAGE_OUTPUT_TOKENS]) == (9, 3)
 
 
+def _cut_stream(endpoint: str) -> wire.Reply:
+    tokens = [CUT_ANSWER[:8], CUT_ANSWER[8:]]
+    if endpoint == "chat":
+        return wire.Reply.stream(wire.chat_stream(tokens, finish_reason="length"))
+    return wire.Reply.stream(wire.responses_stream(tokens, usage=USAGE))
+
+
+def _helper(client: Any, endpoint: str) -> Any:
+    if endpoint == "chat":
+        return client.chat.completions.stream(model="m", messages=MESSAGES, response_format=Answer)
+    return client.responses.stream(model="m", input="hello", text_format=Answer)
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "responses"])
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_a_stream_helper_refusing_a_structured_answer_cut_short_fails_the_call(otel: Captured, endpoint: str,
+                                                                                is_async: bool) -> None:
+    """The stream() helpers parse as the caller iterates, and raise on an answer cut short (chat: at the finish
+    reason "length"; Responses: at the text's end), after our stream handed the chunk over: the operation fails
+    with the caller's error, as the same refusal fails parse(), and not as a stream the caller stopped."""
+    refused = openai.LengthFinishReasonError if endpoint == "chat" else pydantic.ValidationError
+    if is_async:
+        async def read() -> None:
+            aclient, _ = async_client([_cut_stream(endpoint)])
+            async with _helper(aclient, endpoint) as stream:
+                async for _ in stream:
+                    pass
+
+        with pytest.raises(refused):
+            asyncio.run(read())
+    else:
+        client, _ = sync_client([_cut_stream(endpoint)])
+        with pytest.raises(refused), _helper(client, endpoint) as stream:
+            for _ in stream:
+                pass
+    otel.assert_finished(refused.__name__)
+    attrs = attributes(otel.span())
+    assert attrs[sc.RESPONSE_TIME_TO_FIRST_CHUNK] > 0 and attrs[sc.CONTENT_CHUNKS] == 2
+    if endpoint == "chat":
+        assert attrs[sc.RESPONSE_FINISH_REASONS] == ("length",)
+
+
+def test_a_callers_own_error_inside_a_stream_helper_is_a_cancellation(otel: Captured) -> None:
+    """Only what the helper raises is the call's error: the caller's own code runs outside the helper's events."""
+    client, _ = sync_client([_cut_stream("responses")])
+    with pytest.raises(KeyError), _helper(client, "responses") as stream:
+        for event in stream:
+            if event.type == "response.output_text.delta":
+                raise KeyError("the caller's own")
+    otel.assert_finished(sc.ERROR_CANCELLED)
+
+
 def test_a_streaming_response_whose_structured_answer_is_cut_fails_at_parse_and_keeps_its_usage(
         otel: Captured) -> None:
     client, _ = sync_client([_cut_reply("chat")])

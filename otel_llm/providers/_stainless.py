@@ -1,22 +1,23 @@
 """What the Stainless-generated clients (openai, anthropic) share: their base client hands every HTTP response to
 ``_process_response`` and every retry to ``_sleep_for_retry``, where response headers (rate-limit headroom,
-retry-after) and retries are seen on behalf of the operation running in this context; and their raw responses,
-whose body is parsed the same way."""
+retry-after) and retries are seen on behalf of the operation running in this context; their raw responses, whose
+body is parsed the same way; and their stream() helpers, each built on the raw stream it holds."""
 
 from __future__ import annotations
 
 import importlib
 import inspect
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from otel_llm._calls import hook
+from otel_llm._calls import Wrapper, helper_stream, hook
 from otel_llm._patching import Target
 from otel_llm._redact import bearer_secrets
 
 if TYPE_CHECKING:
     from otel_llm._operation import Operation
+    from otel_llm._telemetry import Telemetry
 
 
 def parsed_body(response: Any) -> Any:
@@ -28,6 +29,19 @@ def parsed_body(response: Any) -> Any:
         return response._parse()
     return response.parse()
 
+
+def helper_events(module: str, helper: str) -> Target:
+    """A stream() helper's generator of events over the raw stream it holds: its parser's refusals fail the
+    operation (``_calls.helper_stream``)."""
+    return Target(module, f"{helper}.__stream__", _HELPER_STREAM)
+
+
+def raw_stream_of(helper: Any) -> Any:
+    """The raw stream under a stream() helper: its iteration and close go through it."""
+    return getattr(helper, "_raw_stream", None)
+
+
+_HELPER_STREAM: Callable[[Telemetry], Wrapper] = helper_stream(raw_stream_of)
 
 # request headers and query parameters that carry the API key or token (openai, Azure OpenAI, anthropic)
 _CREDENTIAL_HEADERS = ("authorization", "api-key", "x-api-key", "proxy-authorization")

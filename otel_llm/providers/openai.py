@@ -26,7 +26,7 @@ from otel_llm._operation import Request
 from otel_llm._patching import Provider, Target
 from otel_llm._safety import report_failure
 from otel_llm._stream import CONTENT, DONE, HIDDEN, OTHER, closed_by_helper
-from otel_llm.providers._stainless import ResponseHeaders, parsed_body, request_secrets
+from otel_llm.providers._stainless import ResponseHeaders, helper_events, parsed_body, raw_stream_of, request_secrets
 from otel_llm.providers._values import count, field, number, text_counter
 
 if TYPE_CHECKING:
@@ -793,7 +793,7 @@ class _Embeddings(_Endpoint):
 
 
 def _helper_closed(helper_stream: Any) -> None:
-    closed_by_helper(getattr(helper_stream, "_raw_stream", None))
+    closed_by_helper(raw_stream_of(helper_stream))
 
 
 def _streams(kwargs: dict[str, Any]) -> bool:
@@ -841,5 +841,10 @@ PROVIDER = Provider(
         Target("openai.lib.streaming.chat._completions", "AsyncChatCompletionStream.close", before(_helper_closed)),
         Target("openai.lib.streaming.responses._responses", "ResponseStream.close", before(_helper_closed)),
         Target("openai.lib.streaming.responses._responses", "AsyncResponseStream.close", before(_helper_closed)),
+        # and their parsers refuse an answer cut short while the caller iterates, as the calls that do not stream do
+        helper_events("openai.lib.streaming.chat._completions", "ChatCompletionStream"),
+        helper_events("openai.lib.streaming.chat._completions", "AsyncChatCompletionStream"),
+        helper_events("openai.lib.streaming.responses._responses", "ResponseStream"),
+        helper_events("openai.lib.streaming.responses._responses", "AsyncResponseStream"),
     ),
 )
