@@ -658,6 +658,28 @@ def test_invoke_model_of_an_embedding_model_is_an_embeddings_operation(otel: Cap
     assert (attrs[sc.USAGE_INPUT_TOKENS], attrs[sc.PROVIDER_LATENCY]) == (6, 0.04)
 
 
+def test_an_embedding_model_an_arn_names_is_an_embeddings_operation_by_its_request(otel: Captured) -> None:
+    """An application inference profile's ARN does not name its model: Titan Embeddings' own request fields do."""
+    arn = "arn:aws:bedrock:us-east-1:123456789012:application-inference-profile/a1b2c3"
+    reply = wb.invoke_reply({"embedding": [0.1, -0.2], "inputTextTokenCount": 3})
+    with bedrock([reply]) as (client, _):
+        client.invoke_model(modelId=arn, body=json.dumps({"inputText": "hi", "dimensions": 256, "normalize": True}))
+    assert attributes(otel.span())[sc.OPERATION_NAME] == sc.OP_EMBEDDINGS
+
+
+@pytest.mark.parametrize("results", [
+    [{"index": 0, "relevance_score": 0.98}, {"index": 1, "relevance_score": 0.02}],  # Cohere Rerank
+    [{"index": 0, "relevanceScore": 0.98}],  # Amazon Rerank
+], ids=["cohere", "amazon"])
+def test_a_rerank_models_results_carry_no_output_count(otel: Captured, results: list[dict[str, Any]]) -> None:
+    """Its body has results, as Titan's text has, but no token counts: none is recorded, rather than a 0."""
+    with bedrock([wb.invoke_reply({"results": results})]) as (client, _):
+        client.invoke_model(modelId="cohere.rerank-v3-5:0",
+                            body=json.dumps({"query": "capital of France?", "documents": ["Paris", "Berlin"]}))
+    assert sc.USAGE_OUTPUT_TOKENS not in attributes(otel.span())
+    assert otel.points(sc.STABLE_NAMES.token_usage.name, gen_ai__token__type="output") == []
+
+
 # --- every way a stream finishes, exactly once ---------------------------------------------------------------------
 
 
@@ -1010,6 +1032,7 @@ def test_a_body_cut_off_in_transfer_fails_at_read_as_without_us(otel: Captured) 
     cut = wire.Reply(sent.status, sent.body, sent.headers, drop_after=0)
     with bedrock([cut]) as (client, _):
         body = client.invoke_model(modelId=MODEL, body=json.dumps(CLAUDE.request("Hi")))["body"]
+        body.set_socket_timeout(5)  # as on any body botocore hands over
         with pytest.raises(ResponseStreamingError):
             body.read()
     otel.assert_finished("ResponseStreamingError")

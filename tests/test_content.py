@@ -347,6 +347,20 @@ def test_bedrock_converse_whole_output(record: Any) -> None:
         text("Checking."), tool_call("tu_2", "get_weather", WEATHER)]}]
 
 
+def test_bedrock_converse_cited_answer_is_text(record: Any) -> None:
+    """An answer citing the documents it was given comes in a citationsContent block: its text is the answer's."""
+    recorded = record()
+    body = wb.converse_body("", usage=wb.Tokens(input=9, output=5), latency_ms=10)
+    body["output"]["message"]["content"] = [{"citationsContent": {
+        "content": [{"text": "Paris is "}, {"text": "the capital."}],
+        "citations": [{"title": "atlas", "sourceContent": [{"text": "Paris, capital of France"}],
+                       "location": {"documentChar": {"documentIndex": 0, "start": 0, "end": 24}}}]}}]
+    with wire.LoopbackServer([wb.converse_reply(body)]) as server:
+        wb.client(server).converse(modelId="m", messages=CONVERSE_MESSAGES[:1])
+    assert recorded.content()[sc.OUTPUT_MESSAGES] == [{"role": "assistant", "finish_reason": "end_turn", "parts": [
+        text("Paris is the capital.")]}]
+
+
 def test_bedrock_invoke_model_claude_body(record: Any) -> None:
     recorded = record()
     claude = wb.FORMAT["claude-messages"]

@@ -366,10 +366,11 @@ def _read_llama(op: Operation, payload: Mapping[str, Any]) -> int:
 
 def _read_titan(op: Operation, payload: Mapping[str, Any]) -> int:
     results = payload.get("results")
-    if isinstance(results, list):  # the whole body
-        _note_usage(op, payload.get("inputTextTokenCount"), sum(count(r.get("tokenCount")) or 0 for r in results))
+    if isinstance(results, list):  # the whole body (or a rerank model's, whose results carry no counts)
+        counts = [found for result in results if (found := count(field(result, "tokenCount"))) is not None]
+        _note_usage(op, payload.get("inputTextTokenCount"), sum(counts) if counts else None)
         for result in results:
-            _note_finish(op, result.get("completionReason"))
+            _note_finish(op, field(result, "completionReason"))
         return OTHER
     _note_finish(op, payload.get("completionReason"))
     _note_usage(op, payload.get("inputTextTokenCount"), payload.get("totalOutputTextTokenCount"))
@@ -442,6 +443,10 @@ def _gather_converse_message(output: Output, message: object) -> None:
     for key, block in enumerate(field(message, "content") or ()):
         if isinstance(block.get("text"), str):
             found.text(block["text"], key)
+        elif "citationsContent" in block:  # an answer that cites the documents it was given: its text in parts
+            for part in field(block["citationsContent"], "content") or ():
+                if isinstance(text := field(part, "text"), str):
+                    found.text(text, key)
         elif "reasoningContent" in block:
             reasoning = field(field(block["reasoningContent"], "reasoningText"), "text")
             if isinstance(reasoning, str):
@@ -564,10 +569,13 @@ class _NoSocket:
 
 
 class _Unreadable(io.RawIOBase):
-    """A body whose read within the call failed: the caller meets the same error where it would have, at read()."""
+    """A body whose read within the call failed: the caller meets the same error where it would have, at read(). The
+    bytes that came before the failure are not handed over (urllib3 keeps those it read for a read it cannot finish,
+    so only a caller reading in small pieces would have had some of them)."""
 
     def __init__(self, error: Exception) -> None:
         self._error = error
+        self._fp = _NoSocket()
 
     def read(self, size: int = -1) -> bytes:
         raise self._error
@@ -689,6 +697,11 @@ class _ConverseStream(_StreamEndpoint):
         _gather_converse_event(op.output, chunk)
 
 
+# request fields only embedding models take: Cohere Embed's texts and input type, Titan Embeddings' options
+_EMBEDDING_FIELDS = frozenset(("texts", "input_type", "dimensions", "normalize", "embeddingTypes", "embeddingConfig",
+                               "inputImage"))
+
+
 class _Invoke(_Endpoint):
     def request_body(self, kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
         return _request_body(kwargs)
@@ -699,7 +712,8 @@ class _Invoke(_Endpoint):
     def operation(self, model: str | None, body: Mapping[str, Any]) -> str:
         if "messages" in body or "message" in body:
             return sc.OP_CHAT
-        if "texts" in body or "embed" in (model or "").rpartition("/")[2]:
+        # an embedding model by its name, or by its request's own fields where an ARN names no model
+        if "embed" in (model or "").rpartition("/")[2] or not _EMBEDDING_FIELDS.isdisjoint(body):
             return sc.OP_EMBEDDINGS
         return sc.OP_TEXT_COMPLETION
 
