@@ -216,6 +216,12 @@ class Choice:
         if whole is not None:
             found.arguments = whole
 
+    def tool_call_fragment(self, key: Hashable, fragment: object) -> None:
+        """A fragment of the arguments of a tool call begun before (input of another kind: not one)."""
+        found = self.parts.get((sc.PART_TOOL_CALL, key))
+        if found is not None and isinstance(fragment, str) and fragment:
+            found.fragments.append(fragment)
+
     def finish(self, reason: object) -> None:
         if isinstance(reason, str) and reason:
             self.finish_reason = reason

@@ -9,7 +9,9 @@ import gc
 import itertools
 import json
 import random
+import sys
 import time
+import types
 from typing import Any
 
 import anthropic
@@ -883,6 +885,37 @@ def platform_client(platform: str, reply: wire.Reply, is_async: bool) -> tuple[A
     cls = anthropic.AsyncAnthropicVertex if is_async else anthropic.AnthropicVertex
     return cls(region="us-east5", project_id="my-project", access_token="ya29.test-token", http_client=http,
                max_retries=0), recorder
+
+
+def test_a_client_that_learns_its_url_on_its_first_request_records_the_server_it_reached(
+        otel: Captured, monkeypatch: pytest.MonkeyPatch) -> None:
+    """AnthropicGoogleCloud on Application Default Credentials derives its URL from the project those name, on its
+    first request: until then it has none, and the server is the one the response came from, not an invented one."""
+    class Credentials:
+        token, expired = "ya29.adc-token", False
+
+        def refresh(self, request: object) -> None:
+            pass
+
+    # the machine's default credentials, as google-auth would find them (it is not installed here)
+    modules = {name: types.ModuleType(name) for name in (
+        "google", "google.auth", "google.auth.transport", "google.auth.transport.requests")}
+    for name, module in modules.items():
+        parent, _, child = name.rpartition(".")
+        if parent:
+            setattr(modules[parent], child, module)
+        monkeypatch.setitem(sys.modules, name, module)
+    modules["google.auth"].default = lambda scopes=None: (Credentials(), "my-project")  # type: ignore[attr-defined]
+    modules["google.auth.transport.requests"].Request = lambda: None  # type: ignore[attr-defined]
+    http, recorder = wire.mock_client([wa.json_reply(wa.message_body("Hi", usage=USAGE))] * 2)
+    client = anthropic.AnthropicGoogleCloud(workspace_id="wrkspc_1", http_client=http, max_retries=0)
+    for _ in range(2):
+        client.messages.create(**REQUEST)
+    assert {request.headers["host"] for request in recorder.requests} == {"claude.googleapis.com"}
+    assert [(attributes(span)[sc.SERVER_ADDRESS], attributes(span)[sc.SERVER_PORT])
+            for span in otel.spans()] == [("claude.googleapis.com", 443)] * 2
+    assert {(point.attributes[sc.SERVER_ADDRESS], point.attributes[sc.SERVER_PORT])
+            for point in otel.metrics()[sc.STABLE_NAMES.duration.name]} == {("claude.googleapis.com", 443)}
 
 
 @pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])

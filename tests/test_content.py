@@ -292,6 +292,35 @@ def test_anthropic_whole_message_output(record: Any) -> None:
         text("Checking."), tool_call("toolu_2", "get_weather", WEATHER)]}]
 
 
+def test_anthropic_server_tool_use_streamed_is_recorded_as_the_whole_message_records_it(record: Any) -> None:
+    """A tool the service runs itself (web search) is no tool call of the caller's: its input streams as a tool
+    call's arguments do, and is left out of the output either way."""
+    recorded = record("SPAN_ONLY")
+    search = {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}}
+    found = {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []}
+    events = wa.text_events(["Sunny."], usage=wa.Usage(input=5, output=9))
+    start = events.index(next(event for event in events if event[0] == "content_block_start"))
+    events[start:start] = [
+        ("content_block_start", {"type": "content_block_start", "index": 0, "content_block": search}),
+        ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {
+            "type": "input_json_delta", "partial_json": '{"query": "weather paris"}'}}),
+        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        ("content_block_start", {"type": "content_block_start", "index": 1, "content_block": found}),
+        ("content_block_stop", {"type": "content_block_stop", "index": 1})]
+    for event in events[start + 5:]:  # the answer's text is the third block now
+        if "index" in event[1]:
+            event[1]["index"] = 2
+    body = wa.message_body("Sunny.", usage=wa.Usage(input=5, output=9))
+    body["content"][:0] = [{**search, "input": {"query": "weather paris"}}, found]
+    http, _ = wire.mock_client([wa.stream_reply(events), wire.Reply.json(body)])
+    client = anthropic.Anthropic(api_key=API_KEY, http_client=http, max_retries=0)
+    list(client.messages.create(model=wa.MODEL, max_tokens=64, messages=ANTHROPIC_MESSAGES[:1], stream=True))
+    client.messages.create(model=wa.MODEL, max_tokens=64, messages=ANTHROPIC_MESSAGES[:1])
+    streamed, whole = (json.loads(attributes(span)[sc.OUTPUT_MESSAGES])[0]["parts"]
+                       for span in recorded.captured.spans())
+    assert streamed == whole == [text("Sunny.")]
+
+
 # --- bedrock ---------------------------------------------------------------------------------------------------
 
 CONVERSE_MESSAGES = [

@@ -86,8 +86,8 @@ def gather_event(output: Output, event: Any) -> None:
             output.choice().text(field(delta, "text") or "", field(event, "index"))
         elif delta_type == "thinking_delta":
             output.choice().text(field(delta, "thinking") or "", field(event, "index"), sc.PART_REASONING)
-        elif delta_type == "input_json_delta":
-            output.choice().tool_call(field(event, "index"), fragment=field(delta, "partial_json"))
+        elif delta_type == "input_json_delta":  # a server tool's input too, which is no tool call of the caller's
+            output.choice().tool_call_fragment(field(event, "index"), field(delta, "partial_json"))
     elif kind == "content_block_start":
         block = field(event, "content_block")
         if field(block, "type") == "tool_use":

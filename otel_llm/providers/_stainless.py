@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from otel_llm import _semconv as sc
 from otel_llm._calls import Wrapper, helper_stream, hook
 from otel_llm._patching import Target
 from otel_llm._redact import bearer_secrets
@@ -76,6 +77,18 @@ _LISTED_HEADERS = frozenset(_listed_headers())
 _RETRY_AFTER, _RETRY_AFTER_MS = b"retry-after", b"retry-after-ms"
 
 
+def _server_of(op: Operation, response: Any) -> None:
+    """The server a response came from, for an operation whose client did not know it when the call began: on its
+    metric points, and on its span (which started without it)."""
+    url: Any = getattr(getattr(response, "request", None), "url", None)
+    host, port = getattr(url, "host", None), getattr(url, "port", None)
+    if isinstance(host, str) and host:
+        request = op.request
+        request.server_address = op.attributes[sc.SERVER_ADDRESS] = host
+        request.server_port = op.attributes[sc.SERVER_PORT] = (
+            port if isinstance(port, int) else 443 if getattr(url, "scheme", None) == "https" else 80)
+
+
 class ResponseHeaders:
     """Reads one client's rate-limit headers: ``(resource, remaining header, limit header)`` per resource."""
 
@@ -129,6 +142,8 @@ class ResponseHeaders:
         op.headers_ns = op.last_activity_ns = time.perf_counter_ns()
         response = kwargs.get("response")
         if response is not None:
+            if op.request.server_address is None:
+                _server_of(op, response)
             self.read(op, response.headers)
 
     def _retrying(self, op: Operation, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

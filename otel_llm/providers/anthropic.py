@@ -100,8 +100,10 @@ def _describe(instance: Any, kwargs: Mapping[str, Any], settings: Settings, *, s
         operation=sc.OP_CHAT,
         provider=name if name in _PROVIDERS else sc.PROVIDER_ANTHROPIC,
         model=model if isinstance(model, str) else None,
+        # empty where the client learns its URL from its first request (AnthropicGoogleCloud with default
+        # credentials): then the server is the one the response comes from (_stainless)
         server_address=url.host or None,
-        server_port=url.port or (443 if url.scheme == "https" else 80),
+        server_port=(url.port or (443 if url.scheme == "https" else 80)) if url.host else None,
         stream=stream,
         prompt_chars=_text_chars(prompt) if prompt else None,
         attributes=attributes,
