@@ -13,7 +13,7 @@ import contextlib
 import copy
 import time
 from array import array
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -357,9 +357,9 @@ async def async_helper_events(events: AsyncIterator[Any], raw_stream: AsyncStrea
 
 
 class _ResponseLifecycle(_Holder):
-    """A raw or streaming response whose body is parsed (into a stream, or the final object) or read later. One
-    dropped with its body read by the caller itself, to its end or cut off (the HTTP library closes it either way),
-    is abandoned: nothing here tells which."""
+    """A raw or streaming response whose body is parsed (into a stream, or the final object) or read by the caller
+    itself (its HTTP response's body, watched: ``_Body``), and then closed or dropped. Closed or dropped before its
+    body came to its end, it was cancelled or abandoned; after, it was complete."""
 
     _self_shared = ("_self_adopt", "_self_read_error", "_self_parsed")
 
@@ -369,6 +369,7 @@ class _ResponseLifecycle(_Holder):
         self._self_adopt = adopt
         self._self_read_error = read_error
         self._self_parsed: tuple[Any, Any] | None = None
+        _Body.watch(getattr(wrapped, "http_response", None), op)
 
     def _self_hand_out(self, parsed: Any) -> Any:
         # the SDK caches parse() results: hand out one proxy per parsed object too
@@ -405,9 +406,48 @@ class _ResponseLifecycle(_Holder):
         handed = self._self_parsed[1] if self._self_parsed is not None else None
         if isinstance(handed, _StreamLifecycle):
             handed._self_closed()
-        else:
-            # the body was read raw or not at all: what was measured is the duration
-            self._self_telemetry.finish(self._self_op)
+        else:  # the body read by the caller itself, or not at all
+            op = self._self_op
+            end_ns, error_type = op.stopped_by_caller(time.perf_counter_ns(), sc.ERROR_CANCELLED)
+            self._self_telemetry.finish(op, error_type, end_ns)
+
+
+class _Body(wrapt.ObjectProxy[Any]):
+    """The byte stream of a raw response's HTTP response (httpx's ``Response.stream``), which the client reads when
+    it parses the body and the caller when it reads the body itself: each part is activity, and its end the
+    response complete (``Operation.done_ns``). Iterated as the HTTP library iterates its own."""
+
+    def __init__(self, wrapped: Any, op: Operation) -> None:
+        super().__init__(wrapped)
+        self._self_op = op
+
+    @staticmethod
+    def watch(http_response: Any, op: Operation) -> None:
+        stream = getattr(http_response, "stream", None)
+        if stream is not None and not isinstance(stream, _Body):
+            try:
+                http_response.stream = _Body(stream, op)
+            except Exception:
+                report_failure("response body")
+
+    def __iter__(self) -> Iterator[bytes]:
+        op, clock = self._self_op, time.perf_counter_ns
+        for part in self.__wrapped__:
+            op.last_activity_ns = clock()
+            yield part
+        op.done_ns = op.done_ns or clock()
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        op, clock = self._self_op, time.perf_counter_ns
+        parts = self.__wrapped__.__aiter__()
+        try:
+            async for part in parts:
+                op.last_activity_ns = clock()
+                yield part
+            op.done_ns = op.done_ns or clock()
+        finally:  # the HTTP library closes the generator it iterates; the one under it is ours to close
+            if isinstance(parts, AsyncGenerator):
+                await parts.aclose()
 
 
 class ResponseProxy(_ResponseLifecycle):

@@ -614,6 +614,21 @@ def test_streaming_response_read_raw_finishes_on_exit(otel: Captured) -> None:
     otel.assert_finished(None)
 
 
+def test_raw_stream_read_by_the_caller_to_its_end_then_dropped_is_complete(otel: Captured) -> None:
+    """with_raw_response's stream has no close(): the body's end, not the response being dropped, ends it."""
+    client, _ = sync_client([text_stream(delays=[0, 0, 0, 0.1, 0.05, 0.05])])
+    raw = client.messages.with_raw_response.create(**REQUEST, stream=True)
+    lines = [line for line in raw.iter_lines() if line]
+    assert lines[-1] == 'data: {"type":"message_stop"}'
+    del raw
+    gc.collect()
+    otel.metrics()  # what a finalizer ended is written by the next collection
+    otel.assert_finished(None)
+    span = otel.span()
+    assert span.end_time is not None and span.start_time is not None
+    assert (span.end_time - span.start_time) / 1e9 >= 0.15
+
+
 def test_async_streaming_response_plain(otel: Captured) -> None:
     client, _ = async_client([wa.json_reply(wa.message_body("Hi", usage=USAGE))])
 

@@ -236,10 +236,65 @@ def test_a_raw_stream_goes_out_as_the_caller_made_it(instrument: Any, endpoint: 
     assert "stream_options" not in request
     gc.collect()
     otel.metrics()  # what a finalizer ended is written by the next collection
-    # dropped unparsed, the raw response's body read by the caller to its end or cut off (nothing tells which) is
-    # abandoned; the streaming response's with block closed it
-    otel.assert_finished(sc.ERROR_ABANDONED if shape == "raw" else None)
+    # the body read by the caller to its end: complete, whether the raw response was dropped or closed
+    otel.assert_finished(None)
     assert sc.USAGE_INJECTED not in attributes(otel.span())
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("shape", ["raw", "streaming"])
+def test_a_raw_streams_body_the_caller_reads_itself_lasts_to_its_end(otel: Captured, shape: str,
+                                                                       is_async: bool) -> None:
+    """Its SSE lines read by the caller, not parsed by the client: the operation is complete when the body is,
+    however the raw response is let go (dropped, or closed by its with block), and lasts until the body ended."""
+    server = wire.Reply.stream(wire.chat_stream(TOKENS), delays=[0.0, 0.05, 0.05, 0.0, 0.05, 0.0])
+    kwargs: dict[str, Any] = {"model": "m", "messages": MESSAGES, "stream": True}
+
+    async def read_async() -> list[str]:
+        aclient, _ = async_client([server])
+        if shape == "raw":
+            raw = await aclient.chat.completions.with_raw_response.create(**kwargs)
+            return [line async for line in raw.http_response.aiter_lines() if line]
+        async with aclient.chat.completions.with_streaming_response.create(**kwargs) as response:
+            return [line async for line in response.iter_lines() if line]
+
+    if is_async:
+        lines = asyncio.run(read_async())
+    else:
+        client, _ = sync_client([server])
+        lines = RAW_STREAMS[shape](client.chat.completions, **kwargs)
+    assert lines[-1] == "data: [DONE]"
+    gc.collect()
+    otel.metrics()  # what a finalizer ended is written by the next collection
+    otel.assert_finished(None)
+    span = otel.span()
+    assert span.end_time is not None and span.start_time is not None
+    assert (span.end_time - span.start_time) / 1e9 >= 0.15  # the body's pauses, not the headers' arrival
+
+
+@pytest.mark.parametrize("shape", ["raw", "streaming"])
+def test_a_raw_streams_body_the_caller_stops_reading_was_not_complete(otel: Captured, shape: str) -> None:
+    """Dropped after a few lines, or closed by its with block: abandoned, or cancelled, where the caller stopped."""
+    client, _ = sync_client([wire.Reply.stream(wire.chat_stream(TOKENS))])
+    kwargs: dict[str, Any] = {"model": "m", "messages": MESSAGES, "stream": True}
+    if shape == "raw":
+        raw = client.chat.completions.with_raw_response.create(**kwargs)
+        next(raw.http_response.iter_lines())
+        del raw
+        gc.collect()
+        otel.metrics()
+    else:
+        with client.chat.completions.with_streaming_response.create(**kwargs) as response:
+            next(response.iter_lines())
+    otel.assert_finished(sc.ERROR_ABANDONED if shape == "raw" else sc.ERROR_CANCELLED)
+
+
+def test_a_streaming_response_closed_before_its_body_was_read_was_cancelled(otel: Captured) -> None:
+    """The headers were all the caller wanted: the response did not come to its end."""
+    client, _ = sync_client([wire.Reply.json(wire.chat_completion_body("xyz", usage=USAGE))])
+    with client.chat.completions.with_streaming_response.create(model="m", messages=MESSAGES) as response:
+        assert response.status_code == 200
+    otel.assert_finished(sc.ERROR_CANCELLED)
 
 
 def test_streaming_response_parse_and_exit(otel: Captured) -> None:
