@@ -12,6 +12,7 @@ import random
 import sys
 import time
 import types
+import warnings
 from typing import Any
 
 import anthropic
@@ -541,6 +542,27 @@ def test_async_stream_helper(otel: Captured) -> None:
     assert asyncio.run(main()) == (TOKENS, "Hello world")
     otel.assert_finished(None)
     assert attributes(otel.span())[sc.USAGE_INPUT_TOKENS] == INPUT_TOKENS
+
+
+def test_an_async_stream_helper_never_entered_warns_as_without_us(instrument: Instrument) -> None:
+    """stream() built the request and nobody sent it: the program is told of the client's own coroutine never
+    awaited, and of nothing of ours."""
+    def warned() -> list[str]:
+        client, _ = async_client([])
+
+        async def build_and_drop() -> None:
+            client.messages.stream(**REQUEST)
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            asyncio.run(build_and_drop())
+            gc.collect()
+        return sorted(str(warning.message) for warning in caught)
+
+    without = warned()
+    otel = instrument()
+    assert warned() == without == ["coroutine 'AsyncAPIClient.post' was never awaited"]
+    assert otel.spans() == []
 
 
 def test_async_stream_helper_early_exit(otel: Captured) -> None:

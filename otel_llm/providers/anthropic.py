@@ -31,7 +31,7 @@ batches, models, ...) keep the SDK's span.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import anthropic
@@ -278,7 +278,7 @@ def _sent_on_enter(call: Callable[[Telemetry], Wrapper], request_attribute: str,
                 request = getattr(manager, request_attribute)
                 # the request holds its arguments already: the keywords are for describing it
                 if awaited:
-                    deferred: Any = send(lambda **_: request, instance, (), kwargs)
+                    deferred: Any = _SentWhenAwaited(lambda: send(lambda **_: request, instance, (), kwargs))
                 else:
                     deferred = functools.partial(send, lambda **_: request(), instance, (), kwargs)
                 setattr(manager, request_attribute, deferred)
@@ -289,6 +289,19 @@ def _sent_on_enter(call: Callable[[Telemetry], Wrapper], request_attribute: str,
         return wrapper
 
     return make
+
+
+class _SentWhenAwaited:
+    """The async manager's request, sent through our wrapper once the manager awaits it: a manager never entered
+    leaves only the client's own coroutine unawaited (and warned about), as without us."""
+
+    __slots__ = ("_send",)
+
+    def __init__(self, send: Callable[[], Awaitable[Any]]) -> None:
+        self._send = send
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self._send().__await__()
 
 
 _MESSAGES, _STREAM_HELPER = _Messages(), _StreamHelper()
