@@ -470,6 +470,8 @@ def chunk_path_ns(chunks: list[Any], telemetry: Telemetry, repeat: int) -> float
 
     def proxied() -> int:
         op = telemetry.begin(request)
+        # as prepare() makes it when the caller asked for no usage: its chunks then go on as they come unasked
+        op.hide_usage_chunk = telemetry.settings.stream_usage
         proxy = StreamProxy(iter(chunks), op, telemetry, endpoint.observe, endpoint.read_error)
         start = _now()
         for _ in islice(proxy, count):

@@ -193,7 +193,9 @@ def attributes(span: ReadableSpan) -> Mapping[str, Any]:
     return span.attributes
 
 
-Received = tuple[list[str], str | None]  # each item a caller got, as JSON; the class of the error it got, if any
+# each item a caller got, as JSON of the fields it was given (what its to_dict() and to_json() write); the class of
+# the error it got, if any
+Received = tuple[list[str], str | None]
 
 
 def received(call: Callable[[], Iterable[Any]]) -> Received:
@@ -201,7 +203,7 @@ def received(call: Callable[[], Iterable[Any]]) -> Received:
     items: list[str] = []
     try:
         for item in call():
-            items.append(item.model_dump_json(warnings=False))
+            items.append(item.model_dump_json(warnings=False, exclude_unset=True))
     except Exception as error:
         return items, type(error).__name__
     return items, None

@@ -474,9 +474,9 @@ def test_async_break_then_close(otel: Captured) -> None:
 def use_helper(client: anthropic.Anthropic) -> dict[str, Any]:
     """Everything the helper offers, as an application reads it."""
     with client.messages.stream(**REQUEST) as stream:
-        events = [event.model_dump_json() for event in stream]
+        events = [event.model_dump_json(exclude_unset=True) for event in stream]
         final = stream.get_final_message()
-        return {"events": events, "final": final.model_dump_json(), "text": stream.get_final_text(),
+        return {"events": events, "final": final.model_dump_json(exclude_unset=True), "text": stream.get_final_text(),
                 "request_id": stream.request_id}
 
 

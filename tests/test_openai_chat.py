@@ -253,19 +253,14 @@ def two_choices_stream() -> list[bytes]:
 
 
 def test_chunks_after_the_first_finished_choice_reach_the_caller_unchanged(instrument: Any) -> None:
-    def read_all() -> list[str]:
-        client, _ = sync_client([wire.Reply.stream(two_choices_stream())])
-        stream = client.chat.completions.create(model="m", messages=MESSAGES, stream=True, n=2,
-                                                stream_options={"include_usage": True})
-        return [chunk.model_dump_json() for chunk in stream]
+    def read_all(events: list[bytes]) -> list[str]:
+        client, _ = sync_client([wire.Reply.stream(events)])
+        stream = client.chat.completions.create(model="m", messages=MESSAGES, stream=True, n=2)
+        return [chunk.model_dump_json(exclude_unset=True) for chunk in stream]
 
-    asked = read_all()  # the caller's own usage chunk, last
+    without = read_all(wire.unasked(two_choices_stream()))
     captured = instrument()
-    client, _ = sync_client([wire.Reply.stream(two_choices_stream())])
-    seen = [chunk.model_dump_json() for chunk in client.chat.completions.create(model="m", messages=MESSAGES,
-                                                                                 stream=True, n=2)]
-
-    assert seen == asked[:-1]
+    assert read_all(two_choices_stream()) == without  # the server asked for usage by us
     attrs = attributes(captured.span())
     assert attrs[sc.RESPONSE_FINISH_REASONS] == ("stop", "stop")
     assert (attrs[sc.USAGE_INPUT_TOKENS], attrs[sc.USAGE_OUTPUT_TOKENS], attrs[sc.CONTENT_CHUNKS]) == (12, 4, 2)
@@ -411,17 +406,19 @@ def test_usage_chunk_we_asked_for_with_odd_usage_is_still_hidden_and_records_no_
 def test_usage_chunk_is_read_however_the_bytes_are_cut(instrument: Any, built_by_client: list[Any],
                                                      newline: bytes, write_size: int) -> None:
     body = b"".join(wire.chat_stream(TOKENS, usage=USAGE)).replace(b"\n", newline)
-    writes = [body[start:start + write_size] for start in range(0, len(body), write_size)]
 
-    def read_all(**kwargs: Any) -> list[str]:
+    unasked = b"".join(wire.unasked(wire.chat_stream(TOKENS, usage=USAGE))).replace(b"\n", newline)
+
+    def read_all(body: bytes) -> list[str]:
+        writes = [body[start:start + write_size] for start in range(0, len(body), write_size)]
         client, _ = sync_client([wire.Reply.stream(writes)])
-        stream = client.chat.completions.create(model="m", messages=MESSAGES, stream=True, **kwargs)
-        return [chunk.model_dump_json() for chunk in stream]
+        stream = client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+        return [chunk.model_dump_json(exclude_unset=True) for chunk in stream]
 
-    asked = read_all(stream_options={"include_usage": True})  # what the client makes of these bytes, usage last
+    without = read_all(unasked)  # what the client makes of the bytes a server sends unasked
     captured = instrument()
     built_by_client.clear()
-    assert read_all() == asked[:-1]
+    assert read_all(body) == without
     assert all(data["choices"] for data in built_by_client)
     attrs = attributes(captured.span())
     assert (attrs[sc.USAGE_INPUT_TOKENS], attrs[sc.USAGE_OUTPUT_TOKENS]) == (12, 4)
@@ -433,6 +430,26 @@ def usage_on_the_finishing_chunk() -> list[bytes]:
     finish_data = json.loads(finish.removeprefix(b"data: "))
     finish_data["usage"] = json.loads(usage.removeprefix(b"data: "))["usage"]
     return [*content, wire.sse(finish_data), done]
+
+
+def test_usage_a_server_puts_on_the_finishing_chunk_when_asked_is_read_and_the_caller_sees_none(
+        instrument: Any) -> None:
+    """Asked for usage, such a server puts it on the chunk with finish_reason: we read it there, and the caller's
+    chunks are those the server sends it unasked."""
+    def server(request: wire.RecordedRequest) -> wire.Reply:
+        asked = (request.json.get("stream_options") or {}).get("include_usage") is True
+        return wire.Reply.stream(usage_on_the_finishing_chunk() if asked else wire.unasked(wire.chat_stream(TOKENS)))
+
+    def read_all() -> list[Any]:
+        client, _ = sync_client(server)
+        return [chunk.to_dict() for chunk in client.chat.completions.create(model="m", messages=MESSAGES, stream=True)]
+
+    without = read_all()
+    otel = instrument()
+    assert read_all() == without
+    assert all("usage" not in chunk for chunk in without)
+    attrs = attributes(otel.span())
+    assert (attrs[sc.USAGE_INPUT_TOKENS], attrs[sc.USAGE_OUTPUT_TOKENS], attrs[sc.USAGE_INJECTED]) == (12, 4, True)
 
 
 @pytest.mark.parametrize("events, read, outcome", [
@@ -498,7 +515,7 @@ def test_a_server_that_refuses_stream_options_gets_the_callers_own_request(
     asked = []
     for _ in range(2):
         chunks, recorder = chat(is_async, refusing, model="m", messages=MESSAGES, stream=True)
-        assert [chunk.model_dump_json() for chunk in chunks] == [chunk.model_dump_json() for chunk in without_us]
+        assert [chunk.to_json() for chunk in chunks] == [chunk.to_json() for chunk in without_us]
         asked.append(["stream_options" in request.json for request in recorder.requests])
     # the first call asked, was refused and went out again as the caller made it; the server is remembered
     assert asked == [[True, False], [False]]
@@ -688,19 +705,19 @@ def test_an_id_and_model_that_are_not_text_are_left_out_and_the_metrics_kept(ote
 def _helper_events(client: Any) -> list[str]:
     with client.chat.completions.stream(model="m", messages=MESSAGES) as stream:
         events = [event.type for event in stream]
-        return [*events, stream.get_final_completion().model_dump_json()]
+        return [*events, stream.get_final_completion().model_dump_json(exclude_unset=True)]
 
 
 def _streaming_response(client: Any) -> list[str]:
     with client.chat.completions.with_streaming_response.create(model="m", messages=MESSAGES, stream=True) as raw:
-        return [chunk.model_dump_json() for chunk in raw.parse()]
+        return [chunk.model_dump_json(exclude_unset=True) for chunk in raw.parse()]
 
 
 READ_PATHS = {
-    "create": lambda client: [chunk.model_dump_json() for chunk in client.chat.completions.create(
+    "create": lambda client: [chunk.model_dump_json(exclude_unset=True) for chunk in client.chat.completions.create(
         model="m", messages=MESSAGES, stream=True)],
     "stream() helper": _helper_events,
-    "with_raw_response": lambda client: [chunk.model_dump_json() for chunk in client.chat.completions
+    "with_raw_response": lambda client: [chunk.model_dump_json(exclude_unset=True) for chunk in client.chat.completions
                                          .with_raw_response.create(model="m", messages=MESSAGES, stream=True).parse()],
     "with_streaming_response": _streaming_response,
 }

@@ -97,6 +97,21 @@ def _paths(value: Any, path: list[Any]) -> Iterator[list[Any]]:
         yield from _paths(item, [*path, key])
 
 
+def unasked(events: list[bytes]) -> list[bytes]:
+    """What an OpenAI chat stream sends when it is not asked for usage, from the one it sends when it is: no usage
+    chunk (no choices, a usage), and no usage field in the other chunks (asked, each has ``"usage": null``)."""
+    sent = []
+    for event in events:
+        if not event.startswith(b"data: {"):
+            sent.append(event)
+            continue
+        data = json.loads(event.removeprefix(b"data: "))
+        if not (data.get("choices") == [] and isinstance(data.get("usage"), dict)):
+            data.pop("usage", None)
+            sent.append(sse(data))
+    return sent
+
+
 def sse(data: Json | str, *, event: str | None = None) -> bytes:
     """One complete server-sent event; dicts become compact JSON, as OpenAI sends them."""
     text = data if isinstance(data, str) else _compact(data)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 import openai
+import pydantic
 from openai import APIResponse, AsyncAPIResponse, AsyncStream, Stream
 from openai._constants import RAW_RESPONSE_HEADER
 from openai._legacy_response import LegacyAPIResponse
@@ -321,9 +322,25 @@ def _usage_chunk(op: Operation, chunk: Any) -> int:
     """A chunk without choices: the usage chunk at the end of a stream (hidden when we asked for it), or nothing.
     Only an empty list of choices is that chunk's shape, as the lift reads it too: ``null`` or a string is not."""
     if chunk.usage is None or chunk.choices != []:
+        if op.hide_usage_chunk:
+            _as_unasked(chunk)
         return OTHER
     _read_chat_usage(op, chunk.usage)  # whatever the server put there: the chunk is hidden all the same
     return HIDDEN if op.hide_usage_chunk else OTHER
+
+
+# Where a client's model keeps the names of the fields it was given (what its to_dict() and to_json() write). A
+# stream we asked usage for has "usage": null in every chunk from OpenAI; unasked, no usage field: each chunk goes
+# to the caller with the field unset, as it comes unasked (~50 ns, read directly: the property costs twice that).
+_FIELDS_SET = "__fields_set__" if pydantic.VERSION.startswith("1.") else "__pydantic_fields_set__"
+
+
+def _as_unasked(chunk: Any) -> None:
+    """A chunk of a stream we asked usage for, as it comes unasked: no usage (a compatible server's usage on the
+    finishing chunk was ours), and the field unset."""
+    if chunk.usage is not None:
+        chunk.usage = None
+    getattr(chunk, _FIELDS_SET).discard("usage")
 
 
 def _finished(op: Operation, chunk: Any, choice: Any) -> int:
@@ -338,6 +355,8 @@ def _finished(op: Operation, chunk: Any, choice: Any) -> int:
     # some compatible servers put usage on the finishing chunk instead of a chunk of its own
     if chunk.usage is not None:
         _read_chat_usage(op, chunk.usage)
+        if op.hide_usage_chunk:
+            _as_unasked(chunk)
     return DONE if len(op.finished_choices) >= op.request.attributes.get(sc.REQUEST_CHOICE_COUNT, 1) else OTHER
 
 
@@ -655,6 +674,8 @@ class _ChatCompletions(_Endpoint):
         choices = chunk.choices
         if not choices:
             return _usage_chunk(op, chunk)
+        if op.hide_usage_chunk:  # first: a chunk we then fail to read goes on as it comes unasked all the same
+            getattr(chunk, _FIELDS_SET).discard("usage")
         if op.response_id is None:
             op.response_id, op.response_model = chunk.id, chunk.model
         kind = OTHER
@@ -755,6 +776,8 @@ class _Completions(_Endpoint):
         choices = chunk.choices
         if not choices:
             return _usage_chunk(op, chunk)
+        if op.hide_usage_chunk:  # as _ChatCompletions.observe
+            getattr(chunk, _FIELDS_SET).discard("usage")
         if op.response_id is None:
             op.response_id, op.response_model = chunk.id, chunk.model
         kind = OTHER
