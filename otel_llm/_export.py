@@ -96,7 +96,7 @@ class Providers:
         port = os.environ.get("OTEL_EXPORTER_PROMETHEUS_PORT") or "9464"
         try:
             server, _ = start_http_server(port=int(port), addr=host)
-        except (OSError, ValueError):
+        except (OSError, ValueError, OverflowError):  # a port above 65535 overflows in the socket's bind
             _log.warning("otel_llm: cannot serve Prometheus metrics on %s:%s; no scrape endpoint", host, port,
                          exc_info=True)
             return []
@@ -105,13 +105,23 @@ class Providers:
 
     def discard(self) -> None:
         """Shut down what was made here (providers, readers that no provider took, a scrape endpoint: threads and a
-        port), as the set-up did not complete."""
-        for provider in self.made:
-            try:
-                provider.shutdown()
-            except Exception:
-                _log.debug("otel_llm: shutting down a provider of a failed set-up", exc_info=True)
+        port), as the set-up did not complete. A reader no provider took says, shut down, that it cannot collect:
+        true, and no news to the application, which hears of the failed set-up from us."""
+        sdk_log = logging.getLogger(PeriodicExportingMetricReader.__module__)
+        sdk_log.addFilter(_never_registered)
+        try:
+            for provider in self.made:
+                try:
+                    provider.shutdown()
+                except Exception:
+                    _log.debug("otel_llm: shutting down a provider of a failed set-up", exc_info=True)
+        finally:
+            sdk_log.removeFilter(_never_registered)
         self.made.clear()
+
+
+def _never_registered(record: logging.LogRecord) -> bool:
+    return "until it is registered" not in record.getMessage()
 
 
 def span_exporters() -> list[Any]:

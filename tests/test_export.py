@@ -264,6 +264,20 @@ def test_a_set_up_that_fails_leaves_nothing_behind_and_a_later_one_works(receive
     result, _ = launch([sys.executable], setup, otlp_env(receiver), tmp_path)
     assert result.stdout.split("\n")[:2] == ["ProxyTracerProvider _ProxyMeterProvider []", "Hi!"]
     assert "cannot set up its telemetry" in result.stderr and "Unknown exemplar filter 'bogus'" in result.stderr
+    # the SDK's word on shutting down a reader no provider took is no news to the application: ours says it all
+    assert "until it is registered" not in result.stderr
+    assert_exported(receiver)
+
+
+@pytest.mark.parametrize("port", ["abc", "99999"])
+def test_a_scrape_endpoint_that_cannot_be_served_costs_only_itself(receiver: Receiver, tmp_path: Path,
+                                                                  port: str) -> None:
+    """A port that is no number, or past 65535: the scrape endpoint is named in a warning and left out; the OTLP
+    export and the instrumentation go on."""
+    env = {**otlp_env(receiver), "OTEL_METRICS_EXPORTER": "prometheus,otlp", "OTEL_EXPORTER_PROMETHEUS_PORT": port}
+    result, _ = launch([sys.executable], "import otel_llm; otel_llm.instrument()", env, tmp_path)
+    assert f"cannot serve Prometheus metrics on localhost:{port}; no scrape endpoint" in result.stderr
+    assert "cannot set up its telemetry" not in result.stderr
     assert_exported(receiver)
 
 
