@@ -273,14 +273,20 @@ class AsyncStreamProxy(_StreamLifecycle):
 
 class _AsyncChunks:
     """What ``aiter(stream)`` hands out: the stream's chunks, each read by the proxy's step from a plain object
-    (reading it off the proxy for every chunk costs ~0.14 us more). It holds the proxy, as _chunks does, and closes
-    (or has an exception thrown in) as the client's own async generator does: itself only, the stream stays open."""
+    (reading it off the proxy for every chunk costs ~0.14 us more, and an async generator of our own ~0.07 us). It
+    holds the proxy, as _chunks does, and takes ``asend``, ``athrow`` and ``aclose`` as the client's own async
+    generator does: closing or throwing ends it alone, and the stream stays open."""
 
-    __slots__ = ("_proxy", "_step")
+    __slots__ = ("_next", "_proxy", "_step")
 
     def __init__(self, proxy: AsyncStreamProxy, step: Callable[[], Awaitable[Any]]) -> None:
         self._proxy = proxy
-        self._step = step
+        self._next = step
+        self._step: Callable[[], Awaitable[Any]] = self._start  # then the proxy's step itself
+
+    def _start(self) -> Awaitable[Any]:
+        self._step = self._next
+        return self._next()
 
     def __aiter__(self) -> _AsyncChunks:
         return self
@@ -289,6 +295,8 @@ class _AsyncChunks:
         return self._step()
 
     def asend(self, value: Any) -> Awaitable[Any]:
+        if value is not None and self._step is not self._next and self._step is not _no_more:
+            return _refuse_before_start()
         return self._step()  # the client's generator ignores what it is sent
 
     async def athrow(self, typ: Any, val: Any = None, tb: TracebackType | None = None) -> None:
@@ -303,6 +311,8 @@ class _AsyncChunks:
             exc = val
         else:
             exc = typ() if val is None else typ(val)
+        if isinstance(exc, (StopAsyncIteration, StopIteration)):  # an async generator may not raise these (PEP 479)
+            raise RuntimeError(f"async generator raised {type(exc).__name__}") from exc
         raise exc.with_traceback(tb) if tb is not None else exc
 
     async def aclose(self) -> None:
@@ -311,6 +321,10 @@ class _AsyncChunks:
 
 async def _no_more() -> Any:
     raise StopAsyncIteration
+
+
+async def _refuse_before_start() -> Any:
+    raise TypeError("can't send non-None value to a just-started async generator")
 
 
 class _AsyncClosingStreamProxy(AsyncStreamProxy):

@@ -20,7 +20,7 @@ import httpx2
 import openai
 import pytest
 import wire
-from conftest import API_KEY, Captured, async_client, attributes, cancel_midway, openai_server, sync_client
+from conftest import API_KEY, Captured, Instrument, async_client, attributes, cancel_midway, openai_server, sync_client
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
@@ -672,6 +672,39 @@ def test_an_async_iterator_of_the_stream_takes_asend_and_athrow_as_the_clients_d
 
     assert asyncio.run(main()) == (0, 4, 1)
     otel.assert_finished(None)
+
+
+def test_an_async_iterator_of_the_stream_refuses_what_the_clients_async_generator_refuses(
+        instrument: Instrument) -> None:
+    """A value sent before it started, StopAsyncIteration thrown in (PEP 479): the same errors, with us or not."""
+    def outcomes() -> list[str]:
+        client, _ = async_client(server())
+
+        async def fresh() -> Any:
+            return aiter(await client.chat.completions.create(model="m", messages=MESSAGES, stream=True))
+
+        async def main() -> list[str]:
+            seen = []
+            for attempt in ("asend", "athrow", "asend after a chunk"):
+                chunks = await fresh()
+                try:
+                    if attempt == "athrow":
+                        await chunks.athrow(StopAsyncIteration)
+                    else:
+                        if attempt == "asend after a chunk":
+                            await anext(chunks)
+                        await chunks.asend("a value")
+                    seen.append("no error")
+                except Exception as error:
+                    seen.append(f"{type(error).__name__}: {error}")
+            return seen
+
+        return asyncio.run(main())
+
+    without = outcomes()
+    instrument()
+    assert outcomes() == without == ["TypeError: can't send non-None value to a just-started async generator",
+                                     "RuntimeError: async generator raised StopAsyncIteration", "no error"]
 
 
 def test_an_async_stream_held_only_by_the_loop_reading_it_is_not_abandoned(otel: Captured) -> None:
