@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import sys
 import time
 from array import array
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
@@ -304,15 +305,20 @@ class _AsyncChunks:
         one already closed returns."""
         if self._step is _no_more:
             return
-        self._step = _no_more
+        started, self._step = self._step is self._next, _no_more
         if isinstance(typ, BaseException):
             exc = typ
         elif isinstance(val, typ):
             exc = val
         else:
             exc = typ() if val is None else typ(val)
-        if isinstance(exc, (StopAsyncIteration, StopIteration)):  # an async generator may not raise these (PEP 479)
-            raise RuntimeError(f"async generator raised {type(exc).__name__}") from exc
+        if isinstance(exc, (StopAsyncIteration, StopIteration)):
+            # raised in its frame, an async generator may not let these out (PEP 479); since Python 3.12 one not
+            # started yet is not entered: StopAsyncIteration comes out as it is, StopIteration ends the awaitable
+            if started or sys.version_info < (3, 12):
+                raise RuntimeError(f"async generator raised {type(exc).__name__}") from exc
+            if isinstance(exc, StopIteration):
+                return
         raise exc.with_traceback(tb) if tb is not None else exc
 
     async def aclose(self) -> None:
