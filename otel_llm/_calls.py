@@ -371,5 +371,5 @@ def _adopt(telemetry: Telemetry, endpoint: Endpoint, op: Operation, result: Any,
         endpoint.read(op, result)
     except Exception:
         report_failure("response")
-    telemetry.finish(op)
+    telemetry.finish(op, None, op.done_ns or None)  # a raw response's body came whole before it was parsed
     return result

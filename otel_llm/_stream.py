@@ -410,10 +410,17 @@ class _ResponseLifecycle(_Holder):
         return kwargs.get("to") is not None and not self._self_op.request.stream
 
     def _self_read_own(self, own: Any) -> None:
-        """The client's own object of a body the caller parsed to its own type (None: it has none), then the end."""
+        """The client's own object of a body the caller parsed to its own type or read itself (None: it has none),
+        then the end."""
         if own is not None:
             self._self_hand_out(own)
-        self._self_telemetry.finish(self._self_op)
+        self._self_telemetry.finish(self._self_op, None, self._self_op.done_ns or None)
+
+    def _self_read_by_hand(self) -> bool:
+        """Whether the caller read a whole body that is no stream itself (``json()``, ``read()``, ``text()``) and
+        parsed nothing: at its close, the client's own object of that body is ours to read (usage, ids)."""
+        op = self._self_op
+        return not op.finished and not op.request.stream and bool(op.done_ns) and self._self_parsed is None
 
     def _self_fail(self, exc: BaseException) -> None:
         try:
@@ -495,7 +502,12 @@ class _ClosingResponseProxy(ResponseProxy):
     response without one does not seem to have it."""
 
     def close(self) -> None:
-        self._self_released()  # first, as a stream's close
+        if self._self_read_by_hand():
+            own = None
+            with contextlib.suppress(Exception):  # a structured-output parser refusing the answer: not ours to meet
+                own = self.__wrapped__.parse()
+            self._self_read_own(own)
+        self._self_released()  # before the close, as a stream's close
         self.__wrapped__.close()
 
 
@@ -524,6 +536,11 @@ class AsyncResponseProxy(_ResponseLifecycle):
         return parsed
 
     async def close(self) -> None:
+        if self._self_read_by_hand():
+            own = None
+            with contextlib.suppress(Exception):  # as ResponseProxy's
+                own = await self.__wrapped__.parse()
+            self._self_read_own(own)
         self._self_released()
         await self.__wrapped__.close()
 

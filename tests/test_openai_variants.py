@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 from typing import Any
 
 import httpx2
@@ -287,6 +288,37 @@ def test_a_raw_streams_body_the_caller_stops_reading_was_not_complete(otel: Capt
         with client.chat.completions.with_streaming_response.create(**kwargs) as response:
             next(response.iter_lines())
     otel.assert_finished(sc.ERROR_ABANDONED if shape == "raw" else sc.ERROR_CANCELLED)
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_a_streaming_response_whose_body_the_caller_reads_itself_is_read_at_its_close(otel: Captured,
+                                                                                     is_async: bool) -> None:
+    """json() instead of parse(): at the close, the client's own object of that body gives the span its id and
+    usage; the operation lasted until the body came, not until the caller closed it."""
+    reply = wire.Reply.json(wire.chat_completion_body("xyz", usage=USAGE))
+
+    async def read_async() -> Any:
+        aclient, _ = async_client([reply])
+        async with aclient.chat.completions.with_streaming_response.create(model="m", messages=MESSAGES) as response:
+            body = await response.json()
+            await asyncio.sleep(0.3)
+            return body
+
+    if is_async:
+        body = asyncio.run(read_async())
+    else:
+        client, _ = sync_client([reply])
+        with client.chat.completions.with_streaming_response.create(model="m", messages=MESSAGES) as response:
+            body = response.json()
+            time.sleep(0.3)
+    assert body["usage"]["completion_tokens"] == 3
+    otel.assert_finished(None)
+    span = otel.span()
+    attrs = attributes(span)
+    assert (attrs[sc.RESPONSE_ID], attrs[sc.USAGE_INPUT_TOKENS], attrs[sc.USAGE_OUTPUT_TOKENS]) == (
+        "chatcmpl-abc", 9, 3)
+    assert span.end_time is not None and span.start_time is not None
+    assert (span.end_time - span.start_time) / 1e9 < 0.2  # the caller's 0.3 s after the body are not the call's
 
 
 def test_a_streaming_response_closed_before_its_body_was_read_was_cancelled(otel: Captured) -> None:
