@@ -38,6 +38,9 @@ USAGE_CACHE_READ_INPUT_TOKENS: Final = "gen_ai.usage.cache_read.input_tokens"
 USAGE_CACHE_CREATION_INPUT_TOKENS: Final = "gen_ai.usage.cache_creation.input_tokens"
 USAGE_REASONING_OUTPUT_TOKENS: Final = "gen_ai.usage.reasoning.output_tokens"
 TOKEN_TYPE: Final = "gen_ai.token.type"
+# required on the newer conventions' usage counters; "unknown" where the count is not split by modality, as ours
+TOKEN_MODALITY: Final = "gen_ai.token.modality"
+TOKEN_MODALITY_UNKNOWN: Final = "unknown"
 INPUT_MESSAGES: Final = "gen_ai.input.messages"
 OUTPUT_MESSAGES: Final = "gen_ai.output.messages"
 SYSTEM_INSTRUCTIONS: Final = "gen_ai.system_instructions"
@@ -249,10 +252,10 @@ LATEST_EXPERIMENTAL_NAMES: Final = MetricNames(
         "Gap between consecutive content chunks of a streamed response.", CHUNK_BUCKETS,
     ),
     token_usage=None,
-    input_tokens=Instrument("gen_ai.client.operation.input_tokens", "{token}", "Input tokens per operation.",
-                            COUNT_BUCKETS),
-    output_tokens=Instrument("gen_ai.client.operation.output_tokens", "{token}", "Output tokens per operation.",
-                             COUNT_BUCKETS),
+    input_tokens=Instrument("gen_ai.client.inference.operation.input_tokens", "{token}",
+                            "Input tokens per operation.", COUNT_BUCKETS),
+    output_tokens=Instrument("gen_ai.client.inference.operation.output_tokens", "{token}",
+                             "Output tokens per operation.", COUNT_BUCKETS),
     input_token_counter=Instrument("gen_ai.client.inference.usage.input_tokens", "{token}", "Input tokens used."),
     output_token_counter=Instrument("gen_ai.client.inference.usage.output_tokens", "{token}", "Output tokens used."),
     time_per_output_token=_TPOT,

@@ -333,7 +333,7 @@ class Telemetry:
             if histogram is not None:
                 points.append((histogram, count, False))
             if counter is not None:
-                counter.add(count, series.attributes, context=_NO_EXEMPLAR)
+                counter.add(count, series.counted, context=_NO_EXEMPLAR)
         self._batch.record(points, time.time_ns(), op.context, gaps, op.span)
 
     def _new_series(self, key: tuple[Any, ...], op: Operation) -> _Series:
@@ -360,6 +360,7 @@ class Telemetry:
         series = _Series(
             identity=identity,
             attributes=attributes,
+            counted={**attributes, sc.TOKEN_MODALITY: sc.TOKEN_MODALITY_UNKNOWN},
             duration=_required(self._duration).series(timing),
             time_to_first_chunk=_required(self._ttfc).series(timing),
             chunk_gap=_required(self._chunk_gap).series(attributes),
@@ -554,6 +555,7 @@ class _Series:
 
     identity: dict[str, Any]
     attributes: dict[str, Any]  # identity, response model, error type
+    counted: dict[str, Any]  # the token counters': those, and the tokens' modality
     duration: Series
     time_to_first_chunk: Series
     chunk_gap: Series

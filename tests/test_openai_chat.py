@@ -186,6 +186,15 @@ def test_latest_experimental_names_on_opt_in(instrument: Any) -> None:
     assert captured.point(names.output_tokens.name).sum == 4  # type: ignore[union-attr]
     assert captured.point(names.input_token_counter.name).value == 12  # type: ignore[union-attr]
     assert captured.point(names.output_token_counter.name).value == 4  # type: ignore[union-attr]
+    # the names of the GenAI conventions repository (model/gen-ai/token-metrics.yaml), spelt out: a name of our own
+    # making would pass the lines above
+    assert {name for name in metrics if name.startswith("gen_ai.")} == {
+        "gen_ai.client.inference.duration", "gen_ai.client.inference.time_to_first_chunk",
+        "gen_ai.client.inference.time_per_output_chunk", "gen_ai.client.inference.operation.input_tokens",
+        "gen_ai.client.inference.operation.output_tokens", "gen_ai.client.inference.usage.input_tokens",
+        "gen_ai.client.inference.usage.output_tokens"}
+    for counter in (names.input_token_counter, names.output_token_counter):  # its required modality, not split
+        assert counter is not None and captured.point(counter.name).attributes[sc.TOKEN_MODALITY] == "unknown"
 
 
 def test_a_misspelt_genai_opt_in_is_named_and_the_stable_names_used(instrument: Any,
