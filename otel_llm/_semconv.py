@@ -27,6 +27,9 @@ REQUEST_SEED: Final = "gen_ai.request.seed"
 REQUEST_CHOICE_COUNT: Final = "gen_ai.request.choice.count"
 REQUEST_ENCODING_FORMATS: Final = "gen_ai.request.encoding_formats"
 REQUEST_TOP_K: Final = "gen_ai.request.top_k"
+# request parameters the conventions type as double (v1.41: top_k too); the others are int
+DOUBLE_PARAMETERS: Final = frozenset((REQUEST_TEMPERATURE, REQUEST_TOP_P, REQUEST_TOP_K, REQUEST_FREQUENCY_PENALTY,
+                                      REQUEST_PRESENCE_PENALTY))
 OUTPUT_TYPE: Final = "gen_ai.output.type"
 RESPONSE_ID: Final = "gen_ai.response.id"
 RESPONSE_MODEL: Final = "gen_ai.response.model"

@@ -221,6 +221,24 @@ def test_thinking_and_tool_input_deltas_are_content_signatures_are_not(otel: Cap
     assert attrs[sc.USAGE_REASONING_OUTPUT_TOKENS] == 12
 
 
+@pytest.mark.parametrize("helper", [False, True], ids=["create", "stream()"])
+def test_sampling_parameters_sent_in_extra_body_are_on_the_span_as_doubles(otel: Captured, helper: bool) -> None:
+    """anthropic 2.15 takes temperature, top_p and top_k no more as arguments: a caller sends them in extra_body,
+    and they are what the conventions name, as doubles (top_k too, in v1.41)."""
+    sampling = {"temperature": 0, "top_p": 0.9, "top_k": 40}
+    client, recorder = sync_client([wa.stream_reply(wa.text_events(TOKENS, usage=USAGE))])
+    if helper:
+        with client.messages.stream(**REQUEST, extra_body=sampling) as stream:
+            stream.until_done()
+    else:
+        list(client.messages.create(**REQUEST, stream=True, extra_body=sampling))
+    assert {key: recorder.requests[0].json[key] for key in sampling} == sampling
+    attrs = attributes(otel.span())
+    recorded = {name: attrs[name] for name in (sc.REQUEST_TEMPERATURE, sc.REQUEST_TOP_P, sc.REQUEST_TOP_K)}
+    assert recorded == {sc.REQUEST_TEMPERATURE: 0.0, sc.REQUEST_TOP_P: 0.9, sc.REQUEST_TOP_K: 40.0}
+    assert all(type(value) is float for value in recorded.values())
+
+
 @pytest.mark.timing  # TPOT from pauses of 20 ms, within a quarter
 def test_streamed_thinking_tokens_count_in_time_per_output_token(otel: Captured) -> None:
     """Thinking deltas are streamed output: TPOT spreads over every output token, thinking ones included."""

@@ -205,6 +205,7 @@ def test_converse_is_one_span_with_usage_and_bedrocks_own_latency(otel: Captured
         **sdk_call("Converse"),
         sc.AWS_REQUEST_ID: wb.REQUEST_ID,  # the response's x-amzn-RequestId: what AWS support asks for
     }
+    assert type(attrs[sc.REQUEST_TOP_K]) is float  # a double in the conventions, though sent as 40
     assert span.end_time is not None and span.start_time is not None
     assert 0 < headers_time <= (span.end_time - span.start_time) / 1e9
 

@@ -770,9 +770,10 @@ def test_a_base_url_property_patched_onto_the_client_class_later_is_asked(otel: 
 
 @pytest.mark.parametrize(("parameters", "expected"), [
     ({}, {}),
-    ({"temperature": 0.0, "top_p": 0.9, "frequency_penalty": -0.5, "presence_penalty": 1, "seed": 7},
+    # doubles in the conventions, whatever the caller wrote (temperature=0): one attribute, one type
+    ({"temperature": 0, "top_p": 0.9, "frequency_penalty": -0.5, "presence_penalty": 1, "seed": 7},
      {sc.REQUEST_TEMPERATURE: 0.0, sc.REQUEST_TOP_P: 0.9, sc.REQUEST_FREQUENCY_PENALTY: -0.5,
-      sc.REQUEST_PRESENCE_PENALTY: 1, sc.REQUEST_SEED: 7}),
+      sc.REQUEST_PRESENCE_PENALTY: 1.0, sc.REQUEST_SEED: 7}),
     ({"max_tokens": 50, "max_completion_tokens": 70}, {sc.REQUEST_MAX_TOKENS: 70}),  # the newer name wins
     ({"max_tokens": 50}, {sc.REQUEST_MAX_TOKENS: 50}),
     ({"n": 3, "stop": "END"}, {sc.REQUEST_CHOICE_COUNT: 3, sc.REQUEST_STOP_SEQUENCES: ("END",)}),
@@ -786,7 +787,8 @@ def test_request_parameters_on_the_span(otel: Captured, parameters: dict[str, ob
     attrs = attributes(otel.span())
     names = (sc.REQUEST_TEMPERATURE, sc.REQUEST_TOP_P, sc.REQUEST_FREQUENCY_PENALTY, sc.REQUEST_PRESENCE_PENALTY,
              sc.REQUEST_SEED, sc.REQUEST_MAX_TOKENS, sc.REQUEST_CHOICE_COUNT, sc.REQUEST_STOP_SEQUENCES)
-    assert {name: attrs[name] for name in names if name in attrs} == expected
+    assert {name: (attrs[name], type(attrs[name])) for name in names if name in attrs} == {
+        name: (value, type(value)) for name, value in expected.items()}
 
 
 def test_azure_openai(otel: Captured) -> None:

@@ -6,11 +6,25 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from otel_llm import _semconv as sc
+
 
 def number(value: object) -> float | int | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return value
+
+
+def parameter(name: str, value: object) -> float | int | None:
+    """A request parameter the caller passed, as the conventions type it: a double (``temperature=0`` is 0.0, so
+    one attribute keeps one type) or an int; what is not a number, or no whole one where an int is due, is not
+    recorded."""
+    found = number(value)
+    if found is None or name in sc.DOUBLE_PARAMETERS:
+        return None if found is None else float(found)
+    if isinstance(found, float):
+        return int(found) if found.is_integer() else None
+    return found
 
 
 # No count of one call comes near a trillion. Past it a value is a server's garbage, and OTLP's int64 must hold

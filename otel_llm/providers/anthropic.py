@@ -48,7 +48,7 @@ from otel_llm._safety import report_failure
 from otel_llm._stream import CONTENT, DONE, OTHER
 from otel_llm.providers import _claude
 from otel_llm.providers._stainless import ResponseHeaders, helper_events, parsed_body, request_secrets
-from otel_llm.providers._values import count, field, text_counter
+from otel_llm.providers._values import count, field, parameter, text_counter
 
 try:  # the SDK's table of exception classes by (status, error code), which names a stream's error events
     from anthropic._error_classes import ERROR_CLASSES as _ERROR_CLASSES
@@ -78,6 +78,10 @@ _HEADERS = ResponseHeaders(tuple(
 # --- request side ----------------------------------------------------------------------------------------------
 
 
+# request parameters the conventions name, by the API's names
+_SAMPLING = (("max_tokens", sc.REQUEST_MAX_TOKENS), ("temperature", sc.REQUEST_TEMPERATURE),
+             ("top_p", sc.REQUEST_TOP_P), ("top_k", sc.REQUEST_TOP_K))
+
 # a prompt's text: a message's or tool result's content, a block's text
 _text_chars = text_counter("content", "text")
 
@@ -90,9 +94,13 @@ def _describe(instance: Any, kwargs: Mapping[str, Any], settings: Settings, *, s
     # a generator of messages would be used up by counting: only lists and tuples are read
     prompt = [kwargs[key] for key in ("system", "messages") if isinstance(kwargs.get(key), (str, list, tuple))]
     attributes: dict[str, Any] = {}
-    max_tokens = kwargs.get("max_tokens")
-    if isinstance(max_tokens, int) and not isinstance(max_tokens, bool):
-        attributes[sc.REQUEST_MAX_TOKENS] = max_tokens
+    extra = kwargs.get("extra_body")
+    # sampling parameters: arguments of older releases; 2.15 has none, so a caller sends them in extra_body
+    given = {**kwargs, **extra} if isinstance(extra, Mapping) else kwargs
+    for key, attribute in _SAMPLING:
+        value = parameter(attribute, given.get(key))
+        if value is not None:
+            attributes[attribute] = value
     stop = kwargs.get("stop_sequences")
     if isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop):
         attributes[sc.REQUEST_STOP_SEQUENCES] = list(stop)

@@ -41,7 +41,7 @@ from otel_llm._redact import bearer_secrets
 from otel_llm._safety import report_failure
 from otel_llm._stream import CONTENT, DONE, OTHER
 from otel_llm.providers import _claude
-from otel_llm.providers._values import count, field, number, text_counter
+from otel_llm.providers._values import count, field, number, parameter, text_counter
 
 if TYPE_CHECKING:
     from otel_llm._calls import Wrapper
@@ -85,7 +85,7 @@ def _request_parameters(body: Mapping[str, Any]) -> dict[str, Any]:
     for source in (body, *(body[key] for key in _CONFIG_KEYS if isinstance(body.get(key), Mapping))):
         for name, keys in _PARAMETERS:
             for key in keys:
-                value = number(source.get(key))
+                value = parameter(name, source.get(key))
                 if value is not None:
                     attributes.setdefault(name, value)
         for key in _STOP_KEYS:

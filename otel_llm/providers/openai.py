@@ -28,7 +28,7 @@ from otel_llm._patching import Provider, Target
 from otel_llm._safety import report_failure
 from otel_llm._stream import CONTENT, DONE, HIDDEN, OTHER, closed_by_helper
 from otel_llm.providers._stainless import ResponseHeaders, helper_events, parsed_body, raw_stream_of, request_secrets
-from otel_llm.providers._values import count, field, number, text_counter
+from otel_llm.providers._values import count, field, parameter, text_counter
 
 if TYPE_CHECKING:
     from otel_llm._operation import Operation
@@ -264,15 +264,15 @@ def _request_parameters(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     given = kwargs.keys() & _PARAMETERS  # look only at what was passed
     for key in given:
         name = _NUMERIC_PARAMETERS.get(key)
-        value = number(kwargs[key])
+        value = None if name is None else parameter(name, kwargs[key])
         if name is not None and value is not None:
             attributes[name] = value
     for key in _MAX_TOKENS_PARAMETERS:
-        value = number(kwargs.get(key))
+        value = parameter(sc.REQUEST_MAX_TOKENS, kwargs.get(key))
         if value is not None:
             attributes[sc.REQUEST_MAX_TOKENS] = value
             break
-    n = number(kwargs.get("n"))
+    n = parameter(sc.REQUEST_CHOICE_COUNT, kwargs.get("n"))
     if n is not None and n != 1:
         attributes[sc.REQUEST_CHOICE_COUNT] = n
     stop = kwargs.get("stop")
