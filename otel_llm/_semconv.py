@@ -26,11 +26,17 @@ REQUEST_STOP_SEQUENCES: Final = "gen_ai.request.stop_sequences"
 REQUEST_SEED: Final = "gen_ai.request.seed"
 REQUEST_CHOICE_COUNT: Final = "gen_ai.request.choice.count"
 REQUEST_ENCODING_FORMATS: Final = "gen_ai.request.encoding_formats"
+EMBEDDINGS_DIMENSION_COUNT: Final = "gen_ai.embeddings.dimension.count"
+OPENAI_REQUEST_SERVICE_TIER: Final = "openai.request.service_tier"  # when asked for, unless "auto"
+OPENAI_RESPONSE_SERVICE_TIER: Final = "openai.response.service_tier"
+OPENAI_RESPONSE_SYSTEM_FINGERPRINT: Final = "openai.response.system_fingerprint"
 REQUEST_TOP_K: Final = "gen_ai.request.top_k"
 # request parameters the conventions type as double (v1.41: top_k too); the others are int
 DOUBLE_PARAMETERS: Final = frozenset((REQUEST_TEMPERATURE, REQUEST_TOP_P, REQUEST_TOP_K, REQUEST_FREQUENCY_PENALTY,
                                       REQUEST_PRESENCE_PENALTY))
-OUTPUT_TYPE: Final = "gen_ai.output.type"
+OUTPUT_TYPE: Final = "gen_ai.output.type"  # when the request names an output format
+OUTPUT_TEXT: Final = "text"
+OUTPUT_JSON: Final = "json"  # structured output, with a schema or without
 RESPONSE_ID: Final = "gen_ai.response.id"
 RESPONSE_MODEL: Final = "gen_ai.response.model"
 RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"

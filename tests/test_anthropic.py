@@ -733,6 +733,14 @@ def test_a_stream_helper_refusing_a_structured_answer_cut_short_fails_the_call(o
     assert attributes(otel.span())[sc.CONTENT_CHUNKS] == 2
 
 
+def test_structured_output_is_a_json_output_type(otel: Captured) -> None:
+    client, _ = sync_client([wa.json_reply(wa.message_body('{"city": "Paris"}', usage=USAGE))] * 2)
+    client.messages.create(**REQUEST, output_config={"format": {"type": "json_schema",
+                                                                "schema": Answer.model_json_schema()}})
+    client.beta.messages.parse(**REQUEST, output_format=Answer)
+    assert [attributes(span).get(sc.OUTPUT_TYPE) for span in otel.spans()] == ["json", "json"]
+
+
 def test_messages_parse_is_an_operation(otel: Captured) -> None:
     client, _ = sync_client([wa.json_reply(wa.message_body('{"answer": 42}', usage=USAGE))])
     parsed = client.messages.parse(**REQUEST)

@@ -664,8 +664,12 @@ def test_an_embedding_model_an_arn_names_is_an_embeddings_operation_by_its_reque
     arn = "arn:aws:bedrock:us-east-1:123456789012:application-inference-profile/a1b2c3"
     reply = wb.invoke_reply({"embedding": [0.1, -0.2], "inputTextTokenCount": 3})
     with bedrock([reply]) as (client, _):
-        client.invoke_model(modelId=arn, body=json.dumps({"inputText": "hi", "dimensions": 256, "normalize": True}))
-    assert attributes(otel.span())[sc.OPERATION_NAME] == sc.OP_EMBEDDINGS
+        client.invoke_model(modelId=arn, body=json.dumps({"inputText": "hi", "dimensions": 256, "normalize": True,
+                                                          "embeddingTypes": ["float", "binary"]}))
+    attrs = attributes(otel.span())
+    assert attrs[sc.OPERATION_NAME] == sc.OP_EMBEDDINGS
+    # the conventions' embeddings attributes (Titan's embeddingTypes and Cohere's embedding_types: encodings)
+    assert (attrs[sc.EMBEDDINGS_DIMENSION_COUNT], attrs[sc.REQUEST_ENCODING_FORMATS]) == (256, ("float", "binary"))
 
 
 @pytest.mark.parametrize("results", [

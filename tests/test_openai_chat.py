@@ -83,6 +83,8 @@ def test_streamed_chat_is_one_span_with_latency_and_usage(otel: Captured, is_asy
         sc.REQUEST_MAX_TOKENS: 50,
         sc.RESPONSE_ID: "chatcmpl-abc",
         sc.RESPONSE_MODEL: wire.CHAT_MODEL,
+        sc.OPENAI_RESPONSE_SERVICE_TIER: "default",  # from the first chunk
+        sc.OPENAI_RESPONSE_SYSTEM_FINGERPRINT: wire.SYSTEM_FINGERPRINT,
         sc.RESPONSE_FINISH_REASONS: ("stop",),
         sc.USAGE_INPUT_TOKENS: 12,
         sc.USAGE_OUTPUT_TOKENS: 4,
@@ -141,6 +143,8 @@ def test_plain_chat_records_duration_and_usage_but_no_stream_metrics(otel: Captu
         sc.REQUEST_STOP_SEQUENCES: ("\n",),
         sc.RESPONSE_ID: "chatcmpl-abc",
         sc.RESPONSE_MODEL: wire.CHAT_MODEL,
+        sc.OPENAI_RESPONSE_SERVICE_TIER: "default",  # how OpenAI served it, as the response says
+        sc.OPENAI_RESPONSE_SYSTEM_FINGERPRINT: wire.SYSTEM_FINGERPRINT,
         sc.RESPONSE_FINISH_REASONS: ("stop",),
         sc.USAGE_INPUT_TOKENS: 12,
         sc.USAGE_OUTPUT_TOKENS: 4,

@@ -674,10 +674,12 @@ def test_legacy_completion_stream(otel: Captured) -> None:
 def test_embeddings(otel: Captured) -> None:
     body = wire.embedding_body(2, usage_prompt_tokens=6)
     client, _ = sync_client([wire.Reply.json(body)])
-    result = client.embeddings.create(model="text-embedding-3-small", input=["ab", "cde"])
+    result = client.embeddings.create(model="text-embedding-3-small", input=["ab", "cde"], dimensions=2,
+                                      encoding_format="float")
     assert len(result.data) == 2
     attrs = attributes(otel.span())
     assert attrs[sc.OPERATION_NAME] == "embeddings"
+    assert (attrs[sc.EMBEDDINGS_DIMENSION_COUNT], attrs[sc.REQUEST_ENCODING_FORMATS]) == (2, ("float",))
     assert attrs[sc.PROMPT_LENGTH] == 5
     assert attrs[sc.USAGE_INPUT_TOKENS] == 6
     assert sc.USAGE_OUTPUT_TOKENS not in attrs
@@ -789,6 +791,29 @@ def test_request_parameters_on_the_span(otel: Captured, parameters: dict[str, ob
              sc.REQUEST_SEED, sc.REQUEST_MAX_TOKENS, sc.REQUEST_CHOICE_COUNT, sc.REQUEST_STOP_SEQUENCES)
     assert {name: (attrs[name], type(attrs[name])) for name in names if name in attrs} == {
         name: (value, type(value)) for name, value in expected.items()}
+
+
+@pytest.mark.parametrize(("call", "expected"), [
+    (lambda client: client.chat.completions.create(model="m", messages=MESSAGES), None),
+    (lambda client: client.chat.completions.create(model="m", messages=MESSAGES,
+                                                   response_format={"type": "json_object"}), "json"),
+    (lambda client: client.chat.completions.create(model="m", messages=MESSAGES,
+                                                   response_format={"type": "text"}), "text"),
+    (lambda client: client.chat.completions.parse(model="m", messages=MESSAGES, response_format=Answer), "json"),
+    (lambda client: client.responses.create(model="m", input="hello", text={"format": {
+        "type": "json_schema", "name": "answer", "schema": Answer.model_json_schema()}}), "json"),
+    (lambda client: client.responses.parse(model="m", input="hello", text_format=Answer), "json"),
+], ids=["none", "json_object", "text", "chat parse", "responses json_schema", "responses parse"])
+def test_the_output_format_a_request_names_is_its_output_type(otel: Captured, call: Any,
+                                                              expected: str | None) -> None:
+    def answer(request: wire.RecordedRequest) -> wire.Reply:
+        if request.path.endswith("/responses"):
+            return wire.Reply.json(wire.response_body('{"city": "Paris"}', usage=USAGE))
+        return wire.Reply.json(wire.chat_completion_body('{"city": "Paris"}', usage=USAGE))
+
+    client, _ = sync_client(answer)
+    call(client)
+    assert attributes(otel.span()).get(sc.OUTPUT_TYPE) == expected
 
 
 def test_azure_openai(otel: Captured) -> None:

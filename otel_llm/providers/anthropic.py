@@ -104,6 +104,10 @@ def _describe(instance: Any, kwargs: Mapping[str, Any], settings: Settings, *, s
     stop = kwargs.get("stop_sequences")
     if isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop):
         attributes[sc.REQUEST_STOP_SEQUENCES] = list(stop)
+    # structured output: output_config's format, or the class .parse() is given (output_format)
+    if field(field(kwargs.get("output_config"), "format"), "type") == "json_schema" or isinstance(
+            kwargs.get("output_format"), type):
+        attributes[sc.OUTPUT_TYPE] = sc.OUTPUT_JSON
     request = Request(
         operation=sc.OP_CHAT,
         provider=name if name in _PROVIDERS else sc.PROVIDER_ANTHROPIC,

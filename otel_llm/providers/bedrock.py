@@ -82,6 +82,13 @@ _clock = time.perf_counter_ns
 
 def _request_parameters(body: Mapping[str, Any]) -> dict[str, Any]:
     attributes: dict[str, Any] = {}
+    # embedding models': the dimensions asked for (Titan), the encodings (Cohere's embedding types, Titan's)
+    dimensions = parameter(sc.EMBEDDINGS_DIMENSION_COUNT, body.get("dimensions"))
+    if dimensions is not None:
+        attributes[sc.EMBEDDINGS_DIMENSION_COUNT] = dimensions
+    encodings = body.get("embedding_types", body.get("embeddingTypes"))
+    if isinstance(encodings, list) and encodings and all(isinstance(kind, str) for kind in encodings):
+        attributes[sc.REQUEST_ENCODING_FORMATS] = encodings
     for source in (body, *(body[key] for key in _CONFIG_KEYS if isinstance(body.get(key), Mapping))):
         for name, keys in _PARAMETERS:
             for key in keys:

@@ -283,6 +283,24 @@ def _request_parameters(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return attributes
 
 
+_OUTPUT_TYPES = {"json_schema": sc.OUTPUT_JSON, "json_object": sc.OUTPUT_JSON, "text": sc.OUTPUT_TEXT}
+
+
+def _output_type(kwargs: Mapping[str, Any]) -> str | None:
+    """The output format a request names: chat's response_format, the Responses API's text.format, or the class
+    that .parse() is given (structured output: json)."""
+    given = kwargs.get("response_format")
+    if given is None:
+        text = kwargs.get("text")
+        given = text.get("format") if isinstance(text, Mapping) else None
+    if given is None and kwargs.get("text_format") is None:
+        return None
+    if given is None or isinstance(given, type):
+        return sc.OUTPUT_JSON
+    kind = field(given, "type")
+    return _OUTPUT_TYPES.get(kind) if isinstance(kind, str) else None
+
+
 # --- response side ---------------------------------------------------------------------------------------------
 
 
@@ -309,10 +327,19 @@ def _read_chat_usage(op: Operation, usage: Any) -> None:
     _read_usage(op, usage, _CHAT_USAGE)
 
 
+def _read_served(op: Operation, result: Any) -> None:
+    """How OpenAI served the response: its service tier and the backend's fingerprint, where it says."""
+    for name, value in ((sc.OPENAI_RESPONSE_SERVICE_TIER, getattr(result, "service_tier", None)),
+                        (sc.OPENAI_RESPONSE_SYSTEM_FINGERPRINT, getattr(result, "system_fingerprint", None))):
+        if isinstance(value, str) and value:
+            op.attributes[name] = value
+
+
 def _read_completion(op: Operation, result: Any) -> None:
     """A whole chat completion or legacy completion: ids, finish reasons, usage."""
     op.response_id = result.id
     op.response_model = result.model
+    _read_served(op, result)
     op.finish_reasons = [choice.finish_reason for choice in result.choices if choice.finish_reason]
     if result.usage is not None:
         _read_chat_usage(op, result.usage)
@@ -363,6 +390,7 @@ def _finished(op: Operation, chunk: Any, choice: Any) -> int:
 def _read_responses_usage(op: Operation, response: Any) -> None:
     op.response_id = response.id
     op.response_model = response.model
+    _read_served(op, response)
     status = response.status
     incomplete = getattr(response, "incomplete_details", None)
     if status == "incomplete" and incomplete is not None and incomplete.reason:
@@ -521,6 +549,12 @@ class _Endpoint:
             prompt_chars=prompt_chars,
             attributes=_request_parameters(kwargs),
         )
+        output_type = _output_type(kwargs)
+        if output_type is not None:
+            request.attributes[sc.OUTPUT_TYPE] = output_type
+        tier = kwargs.get("service_tier")
+        if isinstance(tier, str) and tier != "auto":
+            request.attributes[sc.OPENAI_REQUEST_SERVICE_TIER] = tier
         if settings.capture_content.enabled:
             request.input_messages = ct.safely(lambda: self.input_messages(kwargs))
         return request
@@ -678,6 +712,7 @@ class _ChatCompletions(_Endpoint):
             getattr(chunk, _FIELDS_SET).discard("usage")
         if op.response_id is None:
             op.response_id, op.response_model = chunk.id, chunk.model
+            _read_served(op, chunk)
         kind = OTHER
         for choice in choices:
             delta = choice.delta  # None in some servers' finishing chunks and Azure's content-filter annotations
@@ -802,6 +837,9 @@ class _Embeddings(_Endpoint):
         encoding = kwargs.get("encoding_format")
         if isinstance(encoding, str):
             request.attributes[sc.REQUEST_ENCODING_FORMATS] = [encoding]
+        dimensions = parameter(sc.EMBEDDINGS_DIMENSION_COUNT, kwargs.get("dimensions"))
+        if dimensions is not None:
+            request.attributes[sc.EMBEDDINGS_DIMENSION_COUNT] = dimensions
         return request
 
     def read_final(self, op: Operation, result: Any) -> None:
