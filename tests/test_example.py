@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
@@ -47,10 +49,16 @@ class Event:
 
 @pytest.fixture
 def service() -> Iterator[Service]:
+    with serving(CONFIG) as running:
+        yield running
+
+
+@contextmanager
+def serving(config: EngineConfig) -> Iterator[Service]:
     exporter, reader = InMemorySpanExporter(), InMemoryMetricReader()
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
-    with Simulator(CONFIG, seed=3) as simulator:
+    with Simulator(config, seed=3) as simulator:
         app = create_app(tracer_provider=tracer_provider, meter_provider=MeterProvider(metric_readers=[reader]),
                          simulator=simulator)
         server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
@@ -129,3 +137,27 @@ def test_page_renders_tokens_with_eventsource(service: Service) -> None:
     assert response.getheader("content-type", "").startswith("text/html")
     assert 'new EventSource("/chat?"' in page
     assert 'addEventListener("token"' in page and 'addEventListener("done"' in page
+
+
+@pytest.mark.parametrize("backend", ["openai", "bedrock"])
+def test_a_user_who_leaves_mid_stream_closes_the_llm_stream_at_once(backend: str) -> None:
+    """The answer takes 2 s; the user leaves after three tokens. The LLM stream under the response is closed then
+    (the server sees its client go: 499, a few tokens), and its span ends as cancelled, not when a garbage
+    collection comes by: on the Bedrock backend, read in Starlette's thread pool, it used to."""
+    slow = EngineConfig(prefill_base_s=0.01, tpot_base_s=0.01, output_tokens_median=200, output_tokens_sigma=0.0,
+                        tail_probability=0.0)
+    with serving(slow) as running:
+        connection = http.client.HTTPConnection("127.0.0.1", running.port, timeout=10)
+        connection.request("GET", f"/chat?{urlencode({'prompt': 'Tell me a story', 'backend': backend})}")
+        response = connection.getresponse()
+        tokens = 0
+        while tokens < 3:
+            tokens += response.readline().startswith(b"event: token")
+        connection.sock.shutdown(socket.SHUT_RDWR)  # the user closes the tab
+        connection.close()
+        deadline = time.monotonic() + 1.5  # less than the answer's 2 s
+        while not (running.otel.spans() and running.simulator.truth()) and time.monotonic() < deadline:
+            time.sleep(0.02)  # the server learns of it at its next write
+        running.otel.assert_finished(sc.ERROR_CANCELLED)
+        (record,) = running.simulator.truth()
+        assert record.status == 499 and record.output_tokens < 50

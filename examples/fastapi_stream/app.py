@@ -13,17 +13,19 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import anyio
 import boto3
 import openai
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, StreamingResponse
-from starlette.concurrency import iterate_in_threadpool
+from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+from starlette.types import Receive, Scope, Send
 
 import otel_llm
 from otel_llm.simulator import DEFAULT_MODEL, Simulator
@@ -97,13 +99,14 @@ def create_app(
         if backend == "openai":
             tokens = _openai_tokens(backends.openai, backends.openai_model, prompt)
         else:
-            tokens = iterate_in_threadpool(_bedrock_tokens(backends.bedrock, backends.bedrock_model, prompt))
-        return StreamingResponse(_events(tokens), media_type="text/event-stream", headers={"cache-control": "no-cache"})
+            tokens = _in_threadpool(_bedrock_tokens(backends.bedrock, backends.bedrock_model, prompt))
+        return _ClosingStreamingResponse(_events(tokens), media_type="text/event-stream",
+                                         headers={"cache-control": "no-cache"})
 
     return app
 
 
-async def _openai_tokens(client: openai.AsyncOpenAI, model: str, prompt: str) -> AsyncIterator[str]:
+async def _openai_tokens(client: openai.AsyncOpenAI, model: str, prompt: str) -> AsyncGenerator[str, None]:
     stream = await client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": prompt}], stream=True
     )
@@ -127,7 +130,16 @@ def _bedrock_tokens(client: Any, model_id: str, prompt: str) -> Iterator[str]:
         stream.close()  # the user may leave mid-stream
 
 
-async def _events(tokens: AsyncIterator[str]) -> AsyncIterator[str]:
+async def _in_threadpool(tokens: Iterator[str]) -> AsyncGenerator[str, None]:
+    """A sync generator's items, each read in Starlette's thread pool; closed there too, however the reading ends."""
+    try:
+        async for text in iterate_in_threadpool(tokens):
+            yield text
+    finally:
+        await run_in_threadpool(tokens.close)
+
+
+async def _events(tokens: AsyncGenerator[str, None]) -> AsyncIterator[str]:
     try:
         async for text in tokens:
             yield _event("token", {"text": text})
@@ -135,7 +147,27 @@ async def _events(tokens: AsyncIterator[str]) -> AsyncIterator[str]:
         _log.exception("the completion failed mid-stream")
         yield _event("error", {"message": f"{type(exc).__name__}: {exc}"})
         return
+    finally:
+        # a user who left cancelled us: the LLM stream under us is closed all the same, at once
+        with anyio.CancelScope(shield=True):
+            await tokens.aclose()
     yield _event("done", {})
+
+
+class _ClosingStreamingResponse(StreamingResponse):
+    """Closes its body however the response ends. A user who leaves mid-stream cancels the response where it waits,
+    which may be on sending an event rather than in the body: Starlette then leaves the body, and the LLM stream
+    under it, to the garbage collector, which closes them seconds or minutes later (or never), while the model
+    writes a whole answer for nobody and its span runs on."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            body = self.body_iterator
+            if isinstance(body, AsyncGenerator):
+                with anyio.CancelScope(shield=True):
+                    await body.aclose()
 
 
 def _event(name: str, data: dict[str, str]) -> str:
