@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
-from opentelemetry import trace
+from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import Meter as SdkMeter
 from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -33,6 +33,7 @@ from otel_llm._recording import _NO_EXEMPLAR, Batch, Histogram, NsPoint, Point, 
 from otel_llm._redact import exception_attributes
 from otel_llm._safety import report_failure
 from otel_llm._spans import QuietStart, set_attributes
+from otel_llm._version import __version__
 
 if TYPE_CHECKING:
     from opentelemetry._logs import Logger
@@ -69,6 +70,7 @@ class Telemetry:
         self._gap_rate = settings.chunk_gap_sample_rate
         names = settings.metric_names
         shared = _shared(meter, names)
+        self._gauges = shared.gauges
         # a new round reports the headroom its own responses tell (what the last one saw may still be exported
         # until now, by the providers it was given)
         _LATEST_REMAINING.clear()
@@ -299,7 +301,7 @@ class Telemetry:
             keys, arrived_ns = series.rate_limit_keys, op.rate_limits_ns
             with _LATEST_LOCK:  # compare and store as one against other threads (a signal handler may re-enter)
                 for resource, (remaining, limit) in op.rate_limits.items():
-                    gauge_key = keys.get(resource) or series.rate_limit_key(resource)
+                    gauge_key = (self._gauges, keys.get(resource) or series.rate_limit_key(resource))
                     for value, latest in ((remaining, _LATEST_REMAINING), (limit, _LATEST_LIMITS)):
                         if value is None:
                             continue
@@ -393,9 +395,27 @@ _MAX_SERIES_KINDS = 4096
 # store per operation) and the SDK observes them when it collects. Latest by the time the response arrived, not the
 # time its operation finished: a long stream must not overwrite newer 429s. One store for the process: of the gauges
 # made under one name on one meter, the SDK keeps the first (an earlier instrument()'s, or those the API's proxy
-# meter forwarded when the application set its provider) and drops the others, so every gauge reads this store.
-_LATEST_REMAINING: dict[frozenset[tuple[str, Any]], tuple[float, int]] = {}
-_LATEST_LIMITS: dict[frozenset[tuple[str, Any]], tuple[float, int]] = {}
+# meter forwarded when the application set its provider) and drops the others. So each value is kept with the meter
+# it was recorded for, found when the gauges are read (``_Gauges``), and a gauge reports the values of its own
+# meter: not those of a later instrument() that records to another provider.
+_GaugeKey = tuple["_Gauges", frozenset[tuple[str, Any]]]
+_LATEST_REMAINING: dict[_GaugeKey, tuple[float, int]] = {}
+_LATEST_LIMITS: dict[_GaugeKey, tuple[float, int]] = {}
+
+
+class _Gauges:
+    """Which meter the rate-limit values of one _Shared go to: an SDK meter itself, or for the API's proxy meter the
+    meter the proxy forwards to once the application sets its provider (the global provider's, for our scope)."""
+
+    __slots__ = ("_meter",)
+
+    def __init__(self, meter: Any) -> None:
+        self._meter = weakref.ref(meter) if isinstance(meter, SdkMeter) else None
+
+    def meter(self) -> Any:
+        if self._meter is not None:
+            return self._meter()
+        return metrics.get_meter_provider().get_meter(sc.INSTRUMENTATION_SCOPE, __version__)
 # series per store: the SDK's own limit per instrument (it drops the rest), so model names without end cannot grow
 # the stores or the work of every collection
 _MAX_LATEST = 2000
@@ -412,10 +432,11 @@ class _Shared:
         # histogram values wait here until a reader collects: the gauges' callbacks flush every batch first
         self.batch = Batch()
         self._histograms: dict[str, Histogram] = {}
+        self.gauges = _Gauges(meter)
         for instrument, latest in ((names.rate_limit_remaining, _LATEST_REMAINING),
                                    (names.rate_limit_limit, _LATEST_LIMITS)):
-            meter.create_observable_gauge(instrument.name, callbacks=[_observe_latest(latest)], unit=instrument.unit,
-                                          description=instrument.description)
+            meter.create_observable_gauge(instrument.name, callbacks=[_observe_latest(latest, self.gauges)],
+                                          unit=instrument.unit, description=instrument.description)
 
     def histogram(self, meter: Meter, instrument: sc.Instrument | None) -> Histogram | None:
         """The meter's histogram of that name (the meter is not kept: it is this object's key in _SHARED)."""
@@ -586,14 +607,21 @@ def _required(histogram: Histogram | None) -> Histogram:
     return histogram
 
 
-def _observe_latest(latest: dict[frozenset[tuple[str, Any]], tuple[float, int]]) -> Callable[
+def _observe_latest(latest: dict[_GaugeKey, tuple[float, int]], gauges: _Gauges) -> Callable[
         [CallbackOptions], Iterable[Observation]]:
     """A gauge's callback. A reader calls it before it reads the aggregations: first what waits to be written, then
-    every batch of histogram values (those values included) goes in."""
+    every batch of histogram values (those values included) goes in; then the latest values recorded for its meter."""
     def observe(options: CallbackOptions) -> Iterable[Observation]:
         write_later()
         flush_all()
-        return [Observation(value, dict(key)) for key, (value, _) in list(latest.items())]
+        mine = gauges.meter()
+        meters: dict[_Gauges, Any] = {}
+        observed = []
+        for (whose, key), (value, _) in list(latest.items()):
+            meter = meters.get(whose) or meters.setdefault(whose, whose.meter())
+            if meter is mine:
+                observed.append(Observation(value, dict(key)))
+        return observed
 
     return observe
 

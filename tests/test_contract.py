@@ -565,6 +565,26 @@ def test_instrument_again_on_the_same_providers_exports_every_value() -> None:
         otel_llm.uninstrument()
 
 
+def test_a_later_round_on_other_providers_leaves_the_earlier_ones_headroom_alone() -> None:
+    """uninstrument(), then instrument() with a new meter provider: its calls' rate-limit headroom goes to it, not
+    also to the provider of the round before (whose other metrics never see those calls either)."""
+    readers = [InMemoryMetricReader(), InMemoryMetricReader()]
+    try:
+        for reader, left in zip(readers, (10, 2), strict=True):
+            otel_llm.uninstrument()
+            otel_llm.instrument(tracer_provider=TracerProvider(), meter_provider=MeterProvider(metric_readers=[reader]))
+            headers = wire.openai_ratelimit_headers(500, left, 9000, 900)
+            client, _ = sync_client([wire.Reply.json(wire.chat_completion_body("pq"), headers=headers)])
+            client.chat.completions.create(model="m", messages=MESSAGES)
+        first, second = (Captured(InMemorySpanExporter(), reader, TracerProvider()) for reader in readers)
+        name = sc.STABLE_NAMES.rate_limit_remaining.name
+        assert [point.value for point in second.points(name, otel_llm__rate_limit__resource="requests")] == [2]
+        assert [point.value for point in first.points(name, otel_llm__rate_limit__resource="requests")] == []
+        assert first.point(sc.STABLE_NAMES.duration.name).count == 1
+    finally:
+        otel_llm.uninstrument()
+
+
 PROXY_ROUNDS = {
     # instrument() on the API's proxy provider; the application sets the real one; instrument() again on that
     "proxy, then real": ("""
