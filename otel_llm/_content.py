@@ -122,7 +122,8 @@ def to_json(value: object) -> str:
     """JSON every parser reads: a model's tool arguments may hold NaN or Infinity, which JSON has no words for,
     so those are written as strings. Text as it is (not \\u-escaped: half the size or less outside ASCII), but a
     lone surrogate (a ``"\\ud800"`` a server wrote in its JSON) as U+FFFD: UTF-8 has no such character, and a string
-    holding one fails the OTLP export of everything in its batch."""
+    holding one fails the OTLP export of everything in its batch. A pair of them is the character they stand for
+    (an emoji a server escaped as ``"\\ud83d\\ude00"``, perhaps split across two chunks)."""
     try:
         text = json.dumps(value, default=str, allow_nan=False, ensure_ascii=False)
     except ValueError:
@@ -131,7 +132,8 @@ def to_json(value: object) -> str:
         try:
             text.encode()
         except UnicodeEncodeError:
-            text = _SURROGATE.sub("\ufffd", text)
+            paired = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
+            text = _SURROGATE.sub("\ufffd", paired)
     return text
 
 
@@ -157,22 +159,35 @@ def _with_mime(part: Part, mime_type: object) -> Part:
 # --- output, gathered as it arrives ------------------------------------------------------------------------------
 
 
+# fragments joined into one piece at a time: a stream's deltas are a few characters each, and one string object per
+# delta held ~15 times the text (a 50,000-chunk answer)
+_PIECE = 256
+
+
 class _Gathered:
     """One part of an answer under way: text (output, reasoning or a refusal), or a tool call whose arguments may come
     in fragments."""
 
-    __slots__ = ("arguments", "call_id", "fragments", "kind", "name")
+    __slots__ = ("arguments", "call_id", "fragments", "kind", "name", "pieces")
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self.fragments: list[str] = []
+        self.pieces = 0  # the fragments at the front already joined, a piece each
         self.call_id: str | None = None
         self.name: str | None = None
         self.arguments: object = None  # given whole (a non-streamed call): used when no fragments came
 
+    def add(self, fragment: str) -> None:
+        fragments = self.fragments
+        fragments.append(fragment)
+        if len(fragments) - self.pieces >= _PIECE:
+            fragments[self.pieces:] = ["".join(fragments[self.pieces:])]
+            self.pieces += 1
+
     def copy(self) -> _Gathered:
         found = _Gathered(self.kind)
-        found.fragments = list(self.fragments)
+        found.fragments, found.pieces = list(self.fragments), self.pieces
         found.call_id, found.name, found.arguments = self.call_id, self.name, self.arguments
         return found
 
@@ -198,7 +213,7 @@ class Choice:
         found = self.parts.get((kind, key))
         if found is None:
             found = self.parts[(kind, key)] = _Gathered(kind)
-        found.fragments.append(fragment)
+        found.add(fragment)
 
     def tool_call(self, key: Hashable, call_id: object = None, name: object = None, fragment: object = None,
                   whole: object = None) -> None:
@@ -212,7 +227,7 @@ class Choice:
         if isinstance(name, str) and name:
             found.name = name
         if isinstance(fragment, str) and fragment:
-            found.fragments.append(fragment)
+            found.add(fragment)
         if whole is not None:
             found.arguments = whole
 
@@ -220,7 +235,7 @@ class Choice:
         """A fragment of the arguments of a tool call begun before (input of another kind: not one)."""
         found = self.parts.get((sc.PART_TOOL_CALL, key))
         if found is not None and isinstance(fragment, str) and fragment:
-            found.fragments.append(fragment)
+            found.add(fragment)
 
     def finish(self, reason: object) -> None:
         if isinstance(reason, str) and reason:

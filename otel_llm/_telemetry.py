@@ -204,6 +204,7 @@ class Telemetry:
         tpot = _time_per_output_token(op)
         on_span = self.settings.capture_content.on_span
         content = _content_attributes(op) if on_span or self._logger is not None else {}  # each part guarded
+        op.output = None  # written out as JSON now: a stream the caller still holds need not keep every delta
         try:
             self._end_span(op, exception, tpot, content if on_span else {})
         except Exception:

@@ -6,13 +6,16 @@ output per choice with its finish reason. With capture off, nothing is recorded 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import tracemalloc
 from collections import UserDict
 from collections.abc import Iterator
 from types import MappingProxyType
 from typing import Any
 
 import anthropic
+import openai
 import pytest
 import wire
 import wire_anthropic as wa
@@ -29,8 +32,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import otel_llm
+from otel_llm import _content as ct
 from otel_llm import _safety
 from otel_llm import _semconv as sc
+from otel_llm._content import Output
 from otel_llm.providers import _claude
 from otel_llm.providers import anthropic as anthropic_adapter
 from otel_llm.providers import bedrock as bedrock_adapter
@@ -558,6 +563,118 @@ def test_openai_responses_failed_keeps_what_streamed(record: Any) -> None:
     list(client.responses.create(model="gpt-4.1", input="hi", stream=True))
     assert recorded.content()[sc.OUTPUT_MESSAGES] == [
         {"role": "assistant", "parts": [text("Hello")], "finish_reason": "failed"}]
+
+
+def responses_events(events: list[tuple[str, dict[str, Any]]]) -> list[bytes]:
+    return [wire.sse({"type": kind, "sequence_number": n, **data}, event=kind) for n, (kind, data) in enumerate(events)]
+
+
+REASONING_ITEM = {"id": "rs_1", "type": "reasoning", "summary": [{"type": "summary_text", "text": "Think hard."}]}
+CALL_ITEM = {"id": "fc_1", "type": "function_call", "call_id": "call_1", "name": "get_weather",
+             "arguments": '{"city": "Paris"}', "status": "completed"}
+# a reasoning summary, then a function call, each streamed in two deltas; no final event yet
+RESPONSES_HEAD = [
+    ("response.created", {"response": wire._response("resp_1", "gpt-5", "in_progress", [], None)}),
+    ("response.output_item.added", {"output_index": 0, "item": {"id": "rs_1", "type": "reasoning", "summary": []}}),
+    *(("response.reasoning_summary_text.delta", {"item_id": "rs_1", "output_index": 0, "summary_index": 0,
+                                                 "delta": delta}) for delta in ("Think ", "hard.")),
+    ("response.output_item.done", {"output_index": 0, "item": REASONING_ITEM}),
+    ("response.output_item.added", {"output_index": 1,
+                                    "item": {**CALL_ITEM, "arguments": "", "status": "in_progress"}}),
+    *(("response.function_call_arguments.delta", {"item_id": "fc_1", "output_index": 1, "delta": delta})
+      for delta in ('{"city": ', '"Paris"}')),
+]
+
+
+@pytest.mark.parametrize("ending", ["completed", "caller stops", "connection lost"])
+def test_openai_responses_stream_keeps_what_streamed_however_it_ends(record: Any, ending: str) -> None:
+    """Reasoning and function calls are gathered as they stream, as text is: a stream that never reaches its final
+    event keeps them as far as they came (the final event, when it comes, gives the whole output)."""
+    recorded = record("SPAN_ONLY")
+    completed = ("response.completed", {"response": wire._response("resp_1", "gpt-5", "completed",
+                                                                   [REASONING_ITEM, CALL_ITEM], wire.Usage(5, 9))})
+    events = responses_events([*RESPONSES_HEAD, completed])
+    client, _ = sync_client([wire.Reply.stream(events, drop_after=len(events) - 1 if ending == "connection lost"
+                                               else None)])
+    stream = client.responses.create(model="gpt-5", input="Weather?", stream=True)
+    with contextlib.suppress(openai.APIConnectionError):
+        for event in stream:
+            if ending == "caller stops" and event.type == "response.function_call_arguments.delta" and (
+                    event.delta.endswith("}")):
+                break
+    stream.close()
+    (message,) = recorded.content()[sc.OUTPUT_MESSAGES]
+    assert message["parts"] == [{"type": "reasoning", "content": "Think hard."},
+                                tool_call("call_1", "get_weather", {"city": "Paris"})]
+
+
+def test_openai_responses_reasoning_text_is_reasoning(record: Any) -> None:
+    """Reasoning text itself (gpt-oss on compatible servers), not only its summary: streamed, and in the item."""
+    recorded = record("SPAN_ONLY")
+    item = {"id": "rs_1", "type": "reasoning", "summary": [],
+            "content": [{"type": "reasoning_text", "text": "Let me see."}]}
+    events = responses_events([
+        ("response.created", {"response": wire._response("resp_1", "gpt-oss", "in_progress", [], None)}),
+        ("response.output_item.added", {"output_index": 0, "item": {**item, "content": []}}),
+        ("response.reasoning_text.delta", {"item_id": "rs_1", "output_index": 0, "content_index": 0,
+                                           "delta": "Let me see."}),
+        ("response.output_item.done", {"output_index": 0, "item": item}),
+    ])
+    client, _ = sync_client([wire.Reply.stream(events), wire.Reply.json(wire._response(
+        "resp_2", "gpt-oss", "completed", [item], wire.Usage(5, 9)))])
+    list(client.responses.create(model="gpt-oss", input="Hi", stream=True))  # broken off before its final event
+    client.responses.create(model="gpt-oss", input="Hi")
+    for span in recorded.captured.spans():
+        assert json.loads(attributes(span)[sc.OUTPUT_MESSAGES])[0]["parts"] == [
+            {"type": "reasoning", "content": "Let me see."}]
+
+
+def test_openai_chat_tool_calls_a_server_sends_without_index_stay_apart(record: Any) -> None:
+    """Gemini's OpenAI-compatible endpoint sends whole calls with no index: each is its own call, by its id."""
+    recorded = record()
+    calls = [{"id": "call_a", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}},
+             {"id": "call_b", "type": "function", "function": {"name": "g", "arguments": '{"b": 2}'}}]
+    chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [
+        {"index": 0, "delta": {"role": "assistant", "tool_calls": calls}, "finish_reason": None}]}
+    finish = {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}
+    client, _ = sync_client([wire.Reply.stream([wire.sse(chunk), wire.sse(finish), wire.DONE])])
+    list(client.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}], stream=True))
+    assert recorded.content()[sc.OUTPUT_MESSAGES][0]["parts"] == [tool_call("call_a", "f", {"a": 1}),
+                                                                  tool_call("call_b", "g", {"b": 2})]
+
+
+def test_bedrock_converse_content_given_as_tuples_is_read(record: Any) -> None:
+    """botocore sends a tuple as it sends a list."""
+    recorded = record()
+    body = wb.converse_body("Hello.", usage=wb.Tokens(input=9, output=5), latency_ms=10)
+    with wire.LoopbackServer([wb.converse_reply(body)]) as server:
+        wb.client(server).converse(modelId="m", system=({"text": "Be brief."},),
+                                   messages=[{"role": "user", "content": ({"text": "Hi"},)}])
+    content = recorded.content()
+    assert content[sc.SYSTEM_INSTRUCTIONS] == [text("Be brief.")]
+    assert content[sc.INPUT_MESSAGES] == [{"role": "user", "parts": [text("Hi")]}]
+
+
+def test_an_answer_gathered_delta_by_delta_is_held_about_once() -> None:
+    """50,000 deltas of four characters: what the capture holds while the stream goes on is near the text's own
+    size (one string object per delta held ~15 times it), and joins into the same text."""
+    deltas = [f"{n % 10000:04d}" for n in range(50_000)]
+    output = Output()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for delta in deltas:
+            output.choice().text(delta)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    text_size = sum(map(len, deltas))
+    assert held < 2 * text_size, (held, text_size)
+    assert output.messages([], failed=False)[0]["parts"] == [{"type": "text", "content": "".join(deltas)}]
+
+
+def test_a_surrogate_pair_a_server_split_across_chunks_is_its_character() -> None:
+    assert ct.to_json(["Hi \ud83d" + "\ude00!", "lone \ud800."]) == '["Hi \U0001F600!", "lone \ufffd."]'
 
 
 def test_content_we_cannot_write_costs_the_content_not_the_span(

@@ -141,7 +141,7 @@ def _parts(content: Any) -> list[Part]:
     """A message's or the system's content: a string, or blocks (cache points are no content)."""
     if isinstance(content, str):
         return [ct.text(content)]
-    if not isinstance(content, list):
+    if not isinstance(content, (list, tuple)):  # botocore sends a tuple as it sends a list
         return []
     return [_part(block) for block in content if not (isinstance(block, Mapping) and "cachePoint" in block)]
 

@@ -228,7 +228,8 @@ def _responses_input(value: Any) -> list[Message]:
                 field(item, "call_id"), _tool_result(field(item, "output")))]))
         elif kind == "reasoning":
             found.append(ct.message(sc.ROLE_ASSISTANT, [
-                ct.reasoning(field(summary, "text")) for summary in ct.listed(field(item, "summary"))]))
+                ct.reasoning(field(part, "text"))
+                for part in (*ct.listed(field(item, "summary")), *ct.listed(field(item, "content")))]))
         else:  # built-in tools' calls (the model's) and their outputs
             is_output = isinstance(kind, str) and kind.endswith("_output")
             found.append(ct.message(sc.ROLE_TOOL if is_output else sc.ROLE_ASSISTANT, [ct.other(kind)]))
@@ -284,6 +285,15 @@ def _request_parameters(kwargs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 _OUTPUT_TYPES = {"json_schema": sc.OUTPUT_JSON, "json_object": sc.OUTPUT_JSON, "text": sc.OUTPUT_TEXT}
+
+# Responses stream events whose delta is captured as it comes, as the part it adds to
+_RESPONSES_GATHERED = {
+    "response.output_text.delta": sc.PART_TEXT,
+    "response.refusal.delta": sc.PART_REFUSAL,
+    "response.reasoning_summary_text.delta": sc.PART_REASONING,
+    "response.reasoning_text.delta": sc.PART_REASONING,
+    "response.function_call_arguments.delta": sc.PART_TOOL_CALL,
+}
 
 
 def _output_type(kwargs: Mapping[str, Any]) -> str | None:
@@ -412,10 +422,10 @@ def _read_responses_output(output: Output, response: Any) -> None:
                     found.text(content.text, key)
                 elif content.type == "refusal" and content.refusal:
                     found.text(content.refusal, key, sc.PART_REFUSAL)
-        elif item.type == "reasoning":
-            for summary in item.summary or ():
-                if summary.text:
-                    found.text(summary.text, key, sc.PART_REASONING)
+        elif item.type == "reasoning":  # its summary, and the reasoning text itself where a server gives it
+            for part in (*(item.summary or ()), *(getattr(item, "content", None) or ())):
+                if part.text:
+                    found.text(part.text, key, sc.PART_REASONING)
         elif item.type == "function_call":
             found.tool_call(key, item.call_id, item.name, item.arguments)
 
@@ -697,9 +707,11 @@ class _ChatCompletions(_Endpoint):
                 found.text(delta.content)
             if delta.refusal:
                 found.text(delta.refusal, kind=sc.PART_REFUSAL)
-            for call in delta.tool_calls or ():
+            for position, call in enumerate(delta.tool_calls or ()):
                 function = call.function
-                found.tool_call(call.index, call.id, function and function.name, function and function.arguments)
+                # by its index; some compatible servers (Gemini's) send whole calls without one: by id, or place
+                key = call.index if isinstance(call.index, int) else (call.id or f"#{position}")
+                found.tool_call(key, call.id, function and function.name, function and function.arguments)
             if delta.function_call is not None:
                 found.tool_call(None, None, delta.function_call.name, delta.function_call.arguments)
             found.finish(choice.finish_reason)
@@ -750,15 +762,24 @@ class _Responses(_Endpoint):
             _read_responses_output(op.output, result)
 
     def gather(self, op: Operation, chunk: Any) -> None:
-        """Text as it streams; the whole output from the final event, which says every call's id and name (a
-        failed response's may be empty: what streamed is kept then)."""
+        """Text, reasoning and function calls as they stream, by their place in the output, so a stream broken off
+        keeps what came; the whole output from the final event, which says every call's id and name (a failed
+        response's may be empty: what streamed is kept then)."""
+        assert op.output is not None  # gather runs only when capture is on
         event = chunk.type
-        if event == "response.output_text.delta":
-            assert op.output is not None  # gather runs only when capture is on
-            op.output.choice().text(chunk.delta, chunk.output_index)
-        elif event in _RESPONSES_FINAL_EVENTS and chunk.response.output:
-            op.output = Output()
-            _read_responses_output(op.output, chunk.response)
+        if event in _RESPONSES_FINAL_EVENTS:
+            if chunk.response.output:
+                op.output = Output()
+                _read_responses_output(op.output, chunk.response)
+            return
+        kind = _RESPONSES_GATHERED.get(event)
+        if kind is None:
+            if event == "response.output_item.added" and field(chunk.item, "type") == "function_call":
+                op.output.choice().tool_call(chunk.output_index, chunk.item.call_id, chunk.item.name)
+        elif kind == sc.PART_TOOL_CALL:
+            op.output.choice().tool_call(chunk.output_index, fragment=chunk.delta)
+        else:
+            op.output.choice().text(chunk.delta, chunk.output_index, kind)
 
     def observe(self, op: Operation, chunk: Any) -> int:
         event = chunk.type
