@@ -361,8 +361,9 @@ def _overview(config: RuleConfig) -> list[tuple[Json, int, int]]:
               "percentunit", base="red", steps=((config.slo_target, "green"),), decimals=2), 8, 5),
         (stat("Time to first token", "p50, p95 and p99 time to first content chunk over the dashboard range, "
               f"streamed requests only. {LATENCY_NOTE}", quantiles_now(TTFT), "s"), 6, 5),
-        (stat("TTFT change vs $shift", "The same quantiles over the same range one comparison shift earlier: +50% "
-              f"is the regression alert's ratio ({number(config.regression_ratio)}x). Bucket interpolation limits "
+        (stat("TTFT change vs $shift", "The same quantiles over the same range one comparison shift earlier: "
+              f"+{number((config.regression_ratio - 1) * 100)}% is the regression alert's ratio "
+              f"({number(config.regression_ratio)}x). Bucket interpolation limits "
               "small changes: under about 10% is noise.", change(TTFT), "percentunit", steps=change_steps), 6, 5),
         (stat("Time per output token", "p50, p95 and p99 per-request time per output token over the dashboard "
               f"range: (last content chunk - first) / (output tokens - 1). {CHUNK_NOTE}", quantiles_now(TPOT), "s"),

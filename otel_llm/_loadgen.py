@@ -3,8 +3,9 @@
 one finished), so the in-flight count is the concurrency level.
 
 It measures nothing itself beyond counts and wall time: latencies come from the metrics otel_llm records for
-these calls. A request that fails is counted under its exception's class name (what ``error.type`` says) and the
-level goes on; `preflight` sends one request first and turns the failures that would fail every request (wrong
+these calls. A request that fails is counted under its exception's class name and the level goes on (where the
+load generator ends a request itself, on a malformed chunk or at the timeout, otel_llm's ``error.type`` can only say
+``cancelled``); `preflight` sends one request first and turns the failures that would fail every request (wrong
 URL, key, model, not an OpenAI stream) into an `EndpointProblem` with a one-line message saying what to fix.
 """
 
@@ -15,6 +16,7 @@ import json
 import secrets
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -37,17 +39,21 @@ class MalformedStream(Exception):
     """A stream event that is JSON but not a chat-completion chunk."""
 
 
-# failures that end a request but not the run; anything else is a bug and propagates
-REQUEST_FAILURES: tuple[type[Exception], ...] = (openai.OpenAIError, json.JSONDecodeError, MalformedStream)
+# failures that end a request but not the run; anything else is a bug and propagates. The openai client decodes
+# event lines as UTF-8 without catching the error, so a server's invalid bytes arrive as UnicodeDecodeError.
+REQUEST_FAILURES: tuple[type[Exception], ...] = (openai.OpenAIError, json.JSONDecodeError, UnicodeDecodeError,
+                                                 MalformedStream)
 
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    """What every request asks for. ``max_tokens`` None leaves the output length to the server."""
+    """What every request asks for, and how long each may take, streamed answer included. ``max_tokens`` None
+    leaves the output length to the server."""
 
     model: str
     prompt_tokens: int
     max_tokens: int | None
+    timeout_s: float
     # distinct per run and request, so a server's prefix cache cannot answer from an earlier run
     nonce: str = field(default_factory=lambda: secrets.token_hex(4))
 
@@ -80,15 +86,22 @@ class LevelRun:
 
 
 async def stream_one(client: openai.AsyncOpenAI, workload: Workload, index: int) -> int:
-    """Send one streamed chat completion and read it to the end; return the chunks that carried content."""
-    stream = await client.chat.completions.create(
-        model=workload.model, messages=workload.messages(index), stream=True,
-        max_tokens=openai.omit if workload.max_tokens is None else workload.max_tokens,
-    )
-    content = 0
-    async with stream:
-        async for chunk in stream:
-            content += _carries_content(chunk)
+    """Send one streamed chat completion and read it to the end; return the chunks that carried content. Raise
+    `openai.APITimeoutError` when the whole of it takes longer than ``workload.timeout_s``: the client's own timeouts
+    bound each read only, so a server that trickles its answer would never trip them."""
+    try:
+        async with asyncio.timeout(workload.timeout_s):
+            stream = await client.chat.completions.create(
+                model=workload.model, messages=workload.messages(index), stream=True,
+                max_tokens=openai.omit if workload.max_tokens is None else workload.max_tokens,
+            )
+            content = 0
+            async with stream:
+                async for chunk in stream:
+                    content += _carries_content(chunk)
+    except TimeoutError as exc:
+        request = httpx2.Request("POST", client.base_url.join("chat/completions"))
+        raise openai.APITimeoutError(request) from exc
     return content
 
 
@@ -145,13 +158,11 @@ async def preflight(client: openai.AsyncOpenAI, workload: Workload, base_url: st
         content = await stream_one(client, workload, -1)
     except openai.APITimeoutError as exc:
         raise EndpointProblem(
-            f"no answer from {base_url} within the timeout; check --base-url, or raise --timeout for a slow server"
+            f"no complete answer from {base_url} within the timeout; check --base-url, or raise --timeout for a slow "
+            "server"
         ) from exc
     except openai.APIConnectionError as exc:
-        cause = f" ({exc.__cause__})" if exc.__cause__ is not None and str(exc.__cause__) else ""
-        raise EndpointProblem(
-            f"cannot connect to {base_url}{cause}; check --base-url and that the server is running"
-        ) from exc
+        raise EndpointProblem(_connection_problem(exc, base_url)) from exc
     except openai.AuthenticationError as exc:
         raise EndpointProblem(
             f"{base_url} rejected the API key (401: {_message(exc)}); pass --api-key or set OPENAI_API_KEY"
@@ -178,7 +189,7 @@ async def preflight(client: openai.AsyncOpenAI, workload: Workload, base_url: st
         ) from exc
     except openai.APIStatusError as exc:
         raise EndpointProblem(f"{base_url} answered {exc.status_code}: {_message(exc)}") from exc
-    except (openai.APIError, json.JSONDecodeError, MalformedStream) as exc:
+    except (openai.APIError, json.JSONDecodeError, UnicodeDecodeError, MalformedStream) as exc:
         raise EndpointProblem(
             f"{base_url} sent a malformed stream ({_oneline(exc)}); check that --base-url is an OpenAI-compatible "
             "endpoint that streams chat completions"
@@ -188,6 +199,23 @@ async def preflight(client: openai.AsyncOpenAI, workload: Workload, base_url: st
             f"{base_url} answered with a stream that carried no content; check that --base-url is an "
             "OpenAI-compatible endpoint that streams chat completions"
         )
+
+
+def _connection_problem(exc: openai.APIConnectionError, base_url: str) -> str:
+    """A connection that could not be made, or one that broke once made; named by the URL it went to, which a
+    redirect may have moved away from ``base_url``."""
+    cause = exc.__cause__
+    detail = f" ({_oneline(cause)})" if cause is not None and str(cause) else ""
+    url = base_url
+    if isinstance(cause, httpx2.RequestError):
+        with suppress(RuntimeError):  # an httpx error raised without its request
+            reached = str(cause.request.url)
+            if not reached.startswith(base_url):
+                url = f"{reached} (where {base_url} redirected)"
+    if isinstance(cause, httpx2.ConnectError):
+        return f"cannot connect to {url}{detail}; check --base-url and that the server is running"
+    return (f"{url} accepted the connection, but its answer broke off or could not be decoded{detail}; check the "
+            "server's log, or a proxy's in between")
 
 
 def _message(exc: openai.APIError) -> str:

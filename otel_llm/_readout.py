@@ -138,17 +138,19 @@ def _merge(points: Mapping[AttributeSet, Buckets], match: Match | None) -> Bucke
 
 @dataclass(frozen=True, slots=True)
 class Percentiles:
-    """p50/p95/p99 read from buckets with `Buckets.quantile`; NaN when nothing was recorded."""
+    """p50/p95/p99 read from buckets with `Buckets.quantile`, and how many observations they come from; NaN when
+    nothing was recorded."""
 
     p50: float
     p95: float
     p99: float
+    count: int
 
     @classmethod
     def of(cls, buckets: Buckets | None) -> Percentiles:
         if buckets is None:
-            return cls(math.nan, math.nan, math.nan)
-        return cls(buckets.quantile(0.5), buckets.quantile(0.95), buckets.quantile(0.99))
+            return cls(math.nan, math.nan, math.nan, 0)
+        return cls(buckets.quantile(0.5), buckets.quantile(0.95), buckets.quantile(0.99), buckets.count)
 
 
 @dataclass(frozen=True, slots=True)

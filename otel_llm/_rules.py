@@ -52,6 +52,11 @@ _QUANTILE: Final = 0.99
 
 _DURATION = re.compile(r"^([1-9][0-9]*)(ms|s|m|h|d|w|y)$")
 _DURATION_SECONDS: Final = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+# Prometheus keeps a duration in int64 nanoseconds and refuses to parse a longer one (a little over 292y)
+_LONGEST_DURATION_S: Final = (2**63 - 1) / 1e9
+# the rules assume no scrape interval of their own: at Prometheus's default of 1m, a rate() window under 1m may hold
+# fewer than the two samples it needs, and the SDK's default export interval (60 s) changes a series only that often
+SHORTEST_RATE_WINDOW: Final = "1m"
 _PLAIN_YAML = re.compile(r"^[A-Za-z_][A-Za-z0-9_:.]*$")
 
 
@@ -61,6 +66,20 @@ def duration_seconds(duration: str) -> float:
     if match is None:
         raise ValueError(f"{duration!r} is not a Prometheus duration of one unit, like 30m, 6h or 1d")
     return int(match[1]) * _DURATION_SECONDS[match[2]]
+
+
+def _check_duration(name: str, value: str, *, rate_window: bool = False) -> None:
+    """A duration Prometheus can parse; a ``rate_window`` also at least `SHORTEST_RATE_WINDOW` long."""
+    try:
+        seconds = duration_seconds(value)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+    if seconds > _LONGEST_DURATION_S:
+        raise ValueError(f"{name} {value} is longer than Prometheus can parse (at most 292y, or 106751d)")
+    if rate_window and seconds < duration_seconds(SHORTEST_RATE_WINDOW):
+        raise ValueError(f"{name} {value} is shorter than {SHORTEST_RATE_WINDOW}: rate() needs two samples in its "
+                         f"window, which a shorter one may not hold at a {SHORTEST_RATE_WINDOW} scrape or export "
+                         "interval")
 
 
 def number(value: float) -> str:
@@ -129,9 +148,10 @@ class RuleConfig:
     outcome_for: str = "10m"
 
     def __post_init__(self) -> None:
-        for name in ("regression_window", "regression_offset", "regression_for", "slo_for", "outcome_window",
-                     "outcome_for"):
+        for name in ("regression_offset", "regression_for", "slo_for", "outcome_for"):
             _check_duration(name, getattr(self, name))
+        for name in ("regression_window", "outcome_window"):
+            _check_duration(name, getattr(self, name), rate_window=True)
         if duration_seconds(self.regression_offset) < duration_seconds(self.regression_window):
             raise ValueError(
                 f"regression_offset {self.regression_offset} is shorter than regression_window "
@@ -159,16 +179,19 @@ class RuleConfig:
             )
         if not 0 < self.slo_target < 1:
             raise ValueError(f"slo_target must lie strictly between 0 and 1, got {self.slo_target}")
+        if self.error_budget == 0:
+            raise ValueError(f"slo_target {self.slo_target} leaves no error budget: 1 - target rounds to 0 at the 12 "
+                             "digits the rules are written with; use a target of at most 0.999999999999")
         if not self.burn_windows:
             raise ValueError("burn_windows needs at least one pair of windows")
         for pair in self.burn_windows:
-            _check_duration("burn window", pair.long)
-            _check_duration("burn window", pair.short)
+            _check_duration("burn window", pair.long, rate_window=True)
+            _check_duration("burn window", pair.short, rate_window=True)
             if duration_seconds(pair.short) >= duration_seconds(pair.long):
                 raise ValueError(f"burn windows {pair.long}/{pair.short}: the short window must be the shorter one")
             if not 0 < pair.factor * self.error_budget < 1:
                 raise ValueError(
-                    f"burn factor {number(pair.factor)} with slo_target {number(self.slo_target)} would need "
+                    f"burn factor {number(pair.factor)} with slo_target {self.slo_target} would need "
                     f"{number(pair.factor * self.error_budget * 100)}% slow requests to page; it must stay under 100%"
                 )
         for name in ("error_ratio", "rate_limited_ratio"):
@@ -178,13 +201,6 @@ class RuleConfig:
     @property
     def error_budget(self) -> float:
         return round(1 - self.slo_target, 12)
-
-
-def _check_duration(name: str, value: str) -> None:
-    try:
-        duration_seconds(value)
-    except ValueError as exc:
-        raise ValueError(f"{name}: {exc}") from None
 
 
 # --- PromQL ---------------------------------------------------------------------------------------------------

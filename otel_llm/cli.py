@@ -76,9 +76,10 @@ ROUGH_P99_BELOW = 100
 JSON_KEYS = """\
 --json prints one object (times in seconds, rates per second, null when unknown):
   base_url, model, prompt_tokens, max_tokens (null: no limit), interrupted (bool),
-  levels: [{concurrency, requests, ok, errors: {error.type: count}, elapsed_s, requests_per_s,
-            output_tokens_per_s, ttft_s: {p50, p95, p99}, tpot_s: {p50, p95, p99}, duration_s: {p50, p95, p99},
-            interrupted}],
+  levels: [{concurrency (requests in flight: the level asked for, or its requests when fewer), requests, ok,
+            errors: {why requests failed (the exception's class; cancelled: cut short by Ctrl-C): count},
+            elapsed_s, requests_per_s, output_tokens_per_s, ttft_s: {p50, p95, p99}, tpot_s: {p50, p95, p99},
+            duration_s: {p50, p95, p99}, interrupted}],
   deadline: null, or {requests, within_s, needed_requests_per_s, concurrency (smallest level that meets it, or
             null), finish_s, ttft_p99_s (what that level costs), best_concurrency, best_requests_per_s,
             best_finish_s (the fastest level measured)}"""
@@ -88,9 +89,20 @@ class _UsageError(Exception):
     """A bad option or a missing optional package; the message says what to do."""
 
 
+class _CannotMeasure(Exception):
+    """The run would measure nothing in this process; the message says why."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``otel-llm`` console script; returns the exit status."""
-    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:  # starting up or winding down; Ctrl-C during the levels prints what they measured
+        print("otel-llm: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(args: list[str]) -> int:
     if args and args[0] in _DELEGATED:
         try:
             return _DELEGATED[args[0]](args[1:])
@@ -110,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _UsageError as exc:
         print(f"otel-llm {options.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except OSError as exc:  # e.g. the simulator or a scrape port cannot bind on this machine
+    except (_CannotMeasure, OSError) as exc:  # OSError: e.g. the simulator cannot bind on this machine
         print(f"otel-llm {options.command}: error: {exc}", file=sys.stderr)
         return EXIT_ENDPOINT
 
@@ -251,7 +263,8 @@ def _parser() -> _Parser:
     bench.add_argument("--model", required=True, help="the model to ask for")
     bench.add_argument("--api-key", help="the API key (default: $OPENAI_API_KEY, else a dummy for local servers)")
     bench.add_argument("--concurrency", type=_levels, default=[1, 4, 16],
-                       help="concurrency levels, requests in flight (default 1,4,16)")
+                       help="concurrency levels, requests in flight (default 1,4,16); a level keeps at most its "
+                            "--requests in flight")
     bench.add_argument("--requests", type=_positive_int,
                        help="requests per level (default: 3 x the level, at least 16)")
     bench.add_argument("--prompt-tokens", type=_positive_int, default=256,
@@ -260,7 +273,8 @@ def _parser() -> _Parser:
                        help="max_tokens of each request (default 256; 0 sends none and lets the model stop)")
     bench.add_argument("--duration", type=_seconds,
                        help="stop sending new requests in a level after this long (default: no limit)")
-    bench.add_argument("--timeout", type=_seconds, default=300.0, help="per-request timeout (default 300s)")
+    bench.add_argument("--timeout", type=_seconds, default=300.0,
+                       help="fail a request that takes longer than this, streamed answer included (default 300s)")
     bench.add_argument("--deadline", type=_deadline,
                        help="REQUESTS/DURATION, e.g. 4000/2h: report the smallest measured concurrency that "
                             "finishes that many requests in time, and the TTFT p99 it costs")
@@ -295,6 +309,20 @@ def _default_requests(concurrency: int) -> int:
     return max(16, 3 * concurrency)
 
 
+def _plan(levels: Sequence[int], requests: int | None, option: str) -> list[tuple[int, int]]:
+    """(concurrency, requests) per level. A level keeps at most its requests in flight, so that is the concurrency it
+    runs at and reports; two levels that would run alike are refused rather than measured twice."""
+    plan = [(min(level, requests or _default_requests(level)), requests or _default_requests(level))
+            for level in levels]
+    capped = [level for level, (concurrency, _) in zip(levels, plan, strict=True) if concurrency < level]
+    if len({concurrency for concurrency, _ in plan}) < len(plan):
+        raise _UsageError(
+            f"{option} {','.join(map(str, capped))} with --requests {requests}: a level keeps at most its requests in "
+            f"flight, so more than one level would run at concurrency {requests}; raise --requests to "
+            f"{max(levels)} or drop levels above {requests}")
+    return plan
+
+
 def _require(module: str, what: str) -> None:
     """Fail with the install command when an optional package is missing (imported now, used later)."""
     try:
@@ -321,6 +349,9 @@ class _Telemetry:
         self._stack: list[Callable[[], object]] = []  # undo actions, run last first
 
     def __enter__(self) -> _Telemetry:
+        if not _export.sdk_enabled():
+            raise _CannotMeasure("OTEL_SDK_DISABLED is true, which turns off otel_llm's own metrics, and every figure "
+                                 "comes from them; unset it for this command")
         if otel_llm.OtelLLMInstrumentor().is_instrumented_by_opentelemetry:
             raise _UsageError("otel_llm is already instrumented in this process (opentelemetry-instrument?); run "
                               "otel-llm directly: it exports over OTLP itself when OTEL_EXPORTER_OTLP_ENDPOINT is set")
@@ -442,6 +473,23 @@ class _Level:
     run: LevelRun
     figures: _readout.Figures
     interrupted: bool
+    max_seconds: float | None  # the --duration it ran under
+
+    @property
+    def errors(self) -> dict[str, int]:
+        """Failed requests by what ended them, as the load generator saw it (otel_llm's error.type says `cancelled`
+        for a stream it closed on a malformed chunk); requests Ctrl-C cut short, which only the metrics saw end,
+        count as cancelled."""
+        errors = dict(self.run.errors)
+        cut_short = self.figures.operations - self.run.done
+        if cut_short > 0:
+            errors[sc.ERROR_CANCELLED] = errors.get(sc.ERROR_CANCELLED, 0) + cut_short
+        return errors
+
+    @property
+    def stopped_by_duration(self) -> bool:
+        """--duration ran out before the level sent all its requests."""
+        return not self.interrupted and self.run.done < self.run.planned
 
     @property
     def requests_per_s(self) -> float:
@@ -462,7 +510,7 @@ class _Levels:
         self.telemetry = telemetry
         self.progress = progress
         self.done: list[_Level] = []
-        self._current: tuple[LevelRun, _readout.Snapshot] | None = None
+        self._current: tuple[LevelRun, _readout.Snapshot, float | None] | None = None
         self._sent = 0
 
     async def run(self, client: AsyncOpenAI, workload: Workload, concurrency: int, requests: int,
@@ -471,26 +519,27 @@ class _Levels:
 
         run = LevelRun(concurrency, requests)
         before = self.telemetry.snapshot()
-        self._current = (run, before)
+        self._current = (run, before, max_seconds)
         label = label or f"concurrency {concurrency}"
         self.progress.update(label, run)
         await run_level(client, workload, run, first_index=self._sent, max_seconds=max_seconds,
                         on_progress=lambda r: self.progress.update(label, r))
         self._sent += run.done
         self._current = None
-        return self._read(run, before, interrupted=False)
+        return self._read(run, before, max_seconds, interrupted=False)
 
     def finish_interrupted(self) -> _Level | None:
         """Read the figures of the level Ctrl-C cut short, if one was under way."""
         if self._current is None:
             return None
-        run, before = self._current
+        run, before, max_seconds = self._current
         self._current = None
-        return self._read(run, before, interrupted=True)
+        return self._read(run, before, max_seconds, interrupted=True)
 
-    def _read(self, run: LevelRun, before: _readout.Snapshot, interrupted: bool) -> _Level:
+    def _read(self, run: LevelRun, before: _readout.Snapshot, max_seconds: float | None, interrupted: bool) -> _Level:
         self.progress.clear()
-        level = _Level(run, _readout.figures(self.telemetry.snapshot(), before, self.telemetry.names), interrupted)
+        figures = _readout.figures(self.telemetry.snapshot(), before, self.telemetry.names)
+        level = _Level(run, figures, interrupted, max_seconds)
         self.done.append(level)
         return level
 
@@ -560,8 +609,8 @@ def _demo(options: argparse.Namespace) -> int:
     from otel_llm._loadgen import EndpointProblem, Workload, make_client, preflight
 
     out = sys.stdout
-    plan = [(level, options.requests or _default_requests(level)) for level in options.levels]
-    workload = Workload(DEFAULT_MODEL, DEMO_PROMPT_TOKENS, None)
+    plan = _plan(options.levels, options.requests, "--levels")
+    workload = Workload(DEFAULT_MODEL, DEMO_PROMPT_TOKENS, None, 60.0)
     limited_config = EngineConfig(tokens_per_minute=RATE_LIMIT_TOKENS_PER_MINUTE)
     with Simulator(seed=options.seed) as sim, Simulator(limited_config, seed=options.seed) as limited, \
             _Telemetry("otel-llm-demo", options.prometheus_port) as telemetry:
@@ -574,14 +623,14 @@ def _demo(options: argparse.Namespace) -> int:
               file=out)
 
         async def measure() -> None:
-            async with make_client(sim.base_url, "sim", max(options.levels), 60.0) as client:
+            async with make_client(sim.base_url, "sim", max(options.levels), workload.timeout_s) as client:
                 await preflight(client, workload, sim.base_url)  # warms up the connection and the client
                 sim.reset_truth()
                 for concurrency, requests in plan:
                     level = await levels.run(client, workload, concurrency, requests, options.duration)
                     _print_demo_level(level, _Truth.take(sim), out)
             if options.rate_limit_requests:
-                async with make_client(limited.base_url, "sim", RATE_LIMIT_CONCURRENCY, 60.0) as client:
+                async with make_client(limited.base_url, "sim", RATE_LIMIT_CONCURRENCY, workload.timeout_s) as client:
                     await levels.run(client, workload, RATE_LIMIT_CONCURRENCY, options.rate_limit_requests, None,
                                      "rate limit")
 
@@ -596,7 +645,7 @@ def _demo(options: argparse.Namespace) -> int:
             _print_demo_level(interruption.level, _Truth.take(sim), out)
         _print_trade_off(main_levels, out)
         if interruption.happened:
-            print("\ninterrupted: the figures above are what was measured", file=out)
+            _say_interrupted("demo", levels.done, out)
             return EXIT_INTERRUPTED
         if options.rate_limit_requests:
             _print_rate_limit(levels.done[-1], limited, telemetry, out)
@@ -606,9 +655,8 @@ def _demo(options: argparse.Namespace) -> int:
 
 def _print_demo_level(level: _Level, truth: _Truth, out: TextIO) -> None:
     figures, t = level.figures, truth.summary
-    state = " (interrupted)" if level.interrupted else ""
     print(f"\nconcurrency {level.run.concurrency}: {figures.operations} requests in {level.run.elapsed_s:.1f} s"
-          f"{state}", file=out)
+          f"{_how_it_ended(level)}", file=out)
     rows = [
         ("", "otel_llm metrics", "simulator truth"),
         ("requests/s", _num(level.requests_per_s), _num(t.requests_per_s)),
@@ -630,10 +678,41 @@ def _print_trade_off(levels: Sequence[_Level], out: TextIO) -> None:
     print("Metrics and truth differ by up to a bucket (quantiles interpolate in buckets ~1.3x wide), plus the client's "
           "own time:\nits clock runs from before it sends to after it parses, a few ms, more when many streams keep it "
           "busy.", file=out)
-    fewest = min(level.figures.operations for level in levels)
-    if fewest < ROUGH_P99_BELOW:
-        print(f"p99 of {_requests(fewest)} is rough: it is about the slowest one or two. For a steadier p99, run "
-              "more (--requests 200 takes about 2 minutes).", file=out)
+    rough = _rough_p99(levels)
+    if rough is not None:
+        print(rough, file=out)
+
+
+def _rough_p99(levels: Sequence[_Level]) -> str | None:
+    """Say when a p99 rests on few requests (the successful ones its buckets hold), and which option limited them."""
+    counts = [(count, level) for level in levels for count in (level.figures.ttft.count, level.figures.tpot.count)
+              if count]
+    if not counts:
+        return None
+    fewest, level = min(counts, key=lambda pair: pair[0])
+    if fewest >= ROUGH_P99_BELOW:
+        return None
+    remedy = "--duration" if level.stopped_by_duration else "--requests"
+    return f"p99 of {_requests(fewest)} is rough (about the slowest one or two); raise {remedy} for a steadier figure"
+
+
+def _how_it_ended(level: _Level) -> str:
+    """A note for a level that did not send all it planned: Ctrl-C, or --duration ran out."""
+    if level.interrupted:
+        return " (interrupted)"
+    if level.stopped_by_duration and level.max_seconds is not None:
+        limit = f"{level.max_seconds:g}s" if level.max_seconds < 60 else _hms(level.max_seconds)
+        return f" (--duration {limit} ran out after {level.run.done} of {_requests(level.run.planned)})"
+    return ""
+
+
+def _say_interrupted(command: str, measured: Sequence[_Level], out: TextIO | None) -> None:
+    """After Ctrl-C: point at the figures printed (to ``out``; None: the JSON says it), or say there are none."""
+    if measured:
+        if out is not None:
+            print("\ninterrupted: the figures above are what was measured", file=out)
+    else:
+        print(f"otel-llm {command}: interrupted before any request was measured", file=sys.stderr)
 
 
 def _requests(count: int) -> str:
@@ -652,8 +731,7 @@ def _table_row(level: _Level) -> str:
     f = level.figures
     cells = (str(level.run.concurrency), _num(level.requests_per_s), _num(level.output_tokens_per_s),
              _num(f.ttft.p50, 1000), _num(f.ttft.p99, 1000), _num(f.tpot.p50, 1000), _num(f.tpot.p99, 1000))
-    note = " (interrupted)" if level.interrupted else ""
-    return "  " + "".join(f"{cell:>13}" for cell in cells) + f"  {_errors(f.errors)}{note}"
+    return "  " + "".join(f"{cell:>13}" for cell in cells) + f"  {_errors(level.errors)}{_how_it_ended(level)}"
 
 
 def _print_rate_limit(level: _Level, limited: Simulator, telemetry: _Telemetry, out: TextIO) -> None:
@@ -696,8 +774,8 @@ def _bench(options: argparse.Namespace) -> int:
 
     out = sys.stdout
     api_key = options.api_key or os.environ.get("OPENAI_API_KEY") or "sk-no-key-needed"
-    workload = Workload(options.model, options.prompt_tokens, options.max_tokens or None)
-    plan = [(level, options.requests or _default_requests(level)) for level in options.concurrency]
+    workload = Workload(options.model, options.prompt_tokens, options.max_tokens or None, options.timeout)
+    plan = _plan(options.concurrency, options.requests, "--concurrency")
     with _Telemetry("otel-llm-bench", options.prometheus_port) as telemetry:
         levels = _Levels(telemetry, _Progress(sys.stderr))
         table = None if options.json else out
@@ -730,17 +808,15 @@ def _bench(options: argparse.Namespace) -> int:
                 print(_table_row(interruption.level), file=table)
             if verdict is not None:
                 print("\n" + _deadline_text(options.deadline, verdict), file=table)
-            fewest = min((level.figures.operations for level in levels.done), default=0)
-            if 0 < fewest < ROUGH_P99_BELOW:
-                print(f"\np99 of {_requests(fewest)} is rough (about the slowest one or two); raise --requests for a "
-                      "steadier figure", file=table)
+            rough = _rough_p99(levels.done)
+            if rough is not None:
+                print(f"\n{rough}", file=table)
         if options.plot is not None and levels.done:
             _plot(levels.done, options.plot, f"{options.model} at {options.base_url}")
             if table is not None:
                 print(f"chart: {options.plot}", file=table)
         if interruption.happened:
-            if table is not None:
-                print("\ninterrupted: the figures above are what was measured", file=table)
+            _say_interrupted("bench", levels.done, table)
             return EXIT_INTERRUPTED
         _linger(options, sys.stderr if table is None else table)
     return 0
@@ -797,7 +873,7 @@ def _bench_json(options: argparse.Namespace, levels: Sequence[_Level], verdict: 
                 "concurrency": level.run.concurrency,
                 "requests": level.figures.operations,
                 "ok": level.figures.ok,
-                "errors": dict(sorted(level.figures.errors.items())),
+                "errors": dict(sorted(level.errors.items())),
                 "elapsed_s": level.run.elapsed_s,
                 "requests_per_s": _finite(level.requests_per_s),
                 "output_tokens_per_s": _finite(level.output_tokens_per_s),

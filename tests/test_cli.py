@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import wire
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from test_buckets import histogram_quantile
@@ -175,6 +176,7 @@ def test_bench_figures_agree_with_the_simulator_truth(bench: BenchRun) -> None:
         assert level["output_tokens_per_s"] == pytest.approx(len(records) * MAX_TOKENS / elapsed, rel=0.1)
 
 
+@pytest.mark.timing  # rates and p50s compared across levels in wall-clock time: failed once in five beside a worker
 def test_bench_shows_throughput_and_latency_rising_with_concurrency(bench: BenchRun) -> None:
     levels = bench.report["levels"]
     throughput = [level["requests_per_s"] for level in levels]
@@ -375,11 +377,150 @@ def garbage_server(body: bytes) -> Iterator[str]:
         server.server_close()
 
 
+# a chat chunk whose content is not UTF-8: the openai client fails to decode the line
+INVALID_UTF8 = b'data: {"choices": [{"delta": {"content": "\xff\xfe"}, "index": 0}]}\n\n'
+# JSON, but not a chat-completion chunk: the load generator stops reading (otel_llm then records `cancelled`)
+NOT_A_CHUNK = wire.sse({"foo": 1})
+
+
+# chunks 0.25 s apart: no read waits as long as a 0.5 s timeout, but the whole answer takes 1 s
+TRICKLE = [0.0, 0.25, 0.25, 0.25, 0.25]
+
+
+def good_stream(**options: Any) -> wire.Reply:
+    return wire.Reply.stream(wire.chat_stream(["Hello", " there", "!"]), **options)
+
+
 def assert_one_line(err: str, *expected: str) -> None:
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err, err
     for text in expected:
         assert text in lines[0], lines[0]
+
+
+def test_a_level_names_why_its_requests_failed_and_goes_on() -> None:
+    with wire.LoopbackServer([good_stream(), wire.Reply.stream([INVALID_UTF8]), wire.Reply.stream([NOT_A_CHUNK]),
+                              good_stream()]) as server:
+        status, out, err = run("bench", "--base-url", server.base_url, "--model", "m", "--concurrency", "1",
+                               "--requests", "3")
+    assert status == 0, err
+    row = next(line for line in out.splitlines() if re.match(r"\s+1\s", line))
+    assert row.endswith("  MalformedStream 1, UnicodeDecodeError 1"), out
+    # the quantiles come from the one request that succeeded, not from all three
+    assert "p99 of 1 request is rough" in out
+
+
+def test_timeout_bounds_the_whole_request_not_each_read() -> None:
+    with wire.LoopbackServer([good_stream(), good_stream(delays=TRICKLE), good_stream()]) as server:
+        status, out, err = run("bench", "--base-url", server.base_url, "--model", "m", "--concurrency", "1",
+                               "--requests", "2", "--timeout", "0.5", "--json")
+    assert status == 0, err
+    level = json.loads(out)["levels"][0]
+    assert (level["ok"], level["errors"]) == (1, {"APITimeoutError": 1})
+    assert level["elapsed_s"] < 1.0  # the trickling answer was given up on, not waited for
+
+
+def test_a_preflight_slower_than_the_timeout_is_one_line() -> None:
+    with wire.LoopbackServer([good_stream(delays=TRICKLE)]) as server:
+        status, _, err = run("bench", "--base-url", server.base_url, "--model", "m", "--timeout", "0.5")
+    assert status == EXIT_ENDPOINT
+    assert_one_line(err, "no complete answer from", "within the timeout", "raise --timeout")
+
+
+@pytest.mark.parametrize("reply", [
+    good_stream(drop_after=2),
+    wire.Reply(200, b"not gzip at all", {"content-type": "text/event-stream", "content-encoding": "gzip"}),
+], ids=["cut short", "bad gzip"])
+def test_an_answer_that_breaks_off_is_not_a_connection_that_failed(reply: wire.Reply) -> None:
+    with wire.LoopbackServer([reply]) as server:
+        status, _, err = run("bench", "--base-url", server.base_url, "--model", "m")
+    assert status == EXIT_ENDPOINT
+    assert_one_line(err, f"{server.base_url} accepted the connection, but its answer broke off or could not be "
+                         "decoded (", "check the server's log")
+    assert "cannot connect" not in err
+
+
+def test_a_redirect_to_where_nothing_listens_names_the_url_reached() -> None:
+    elsewhere = f"http://127.0.0.1:{free_port()}/"
+    with wire.LoopbackServer([wire.Reply(302, b"", {"location": elsewhere})]) as server:
+        status, _, err = run("bench", "--base-url", server.base_url, "--model", "m")
+    assert status == EXIT_ENDPOINT
+    assert_one_line(err, f"cannot connect to {elsewhere} (where {server.base_url} redirected)", "check --base-url")
+
+
+@pytest.mark.parametrize("command", ["bench", "demo"])
+def test_refuses_to_run_with_the_sdk_disabled(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    with Simulator() as sim:
+        args = bench_args(sim) if command == "bench" else ["demo"]
+        status, out, err = run(*args)
+        assert sim.truth() == []
+    assert (status, out) == (EXIT_ENDPOINT, "")
+    assert_one_line(err, f"otel-llm {command}: error: OTEL_SDK_DISABLED is true, which turns off otel_llm's own "
+                         "metrics, and every figure comes from them")
+
+
+def test_a_level_reports_the_concurrency_it_ran_at() -> None:
+    with Simulator(seed=6) as sim:
+        status, out, err = run(*bench_args(sim, "--concurrency", "1,64", "--requests", "8", "--deadline", "8/1h",
+                                           "--json"))
+    assert status == 0, err
+    report = json.loads(out)
+    assert [level["concurrency"] for level in report["levels"]] == [1, 8]  # 8 requests keep at most 8 in flight
+    assert report["deadline"]["best_concurrency"] == 8
+
+
+def test_levels_that_would_run_alike_are_refused() -> None:
+    status, out, err = run("bench", "--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--concurrency", "4,16,64",
+                           "--requests", "8")
+    assert (status, out) == (EXIT_USAGE, "")
+    assert_one_line(err, "--concurrency 16,64 with --requests 8: a level keeps at most its requests in flight, so "
+                         "more than one level would run at concurrency 8")
+
+
+def test_demo_says_when_duration_stopped_a_level_before_its_requests() -> None:
+    status, out, err = run("demo", "--levels", "1", "--requests", "200", "--duration", "0.5",
+                           "--rate-limit-requests", "0")
+    assert status == 0, err
+    head = re.search(r"^concurrency 1: (\d+) requests in [\d.]+ s \(--duration 0.5s ran out after (\d+) of 200 "
+                     r"requests\)$", out, re.M)
+    assert head is not None and head[1] == head[2], out
+    assert f"p99 of {head[1]} requests is rough (about the slowest one or two); raise --duration" in out
+    assert "--requests 200" not in out
+
+
+def test_ctrl_c_while_starting_up_is_one_line() -> None:
+    # PYTHONPROFILEIMPORTTIME reports each import as it completes: the first of the openai client's modules is done
+    # while main() is still importing the rest of it (a few hundred ms)
+    process = subprocess.Popen([str(OTEL_LLM), "bench", "--base-url", "http://127.0.0.1:9/v1", "--model", "m"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"})
+    try:
+        assert process.stderr is not None
+        for line in process.stderr:
+            if line.rpartition("|")[2].strip().startswith("openai"):
+                break
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=20)
+    finally:
+        process.kill()
+    assert (process.returncode, out) == (EXIT_INTERRUPTED, "")
+    assert [line for line in err.splitlines() if not line.startswith("import time:")] == ["otel-llm: interrupted"]
+
+
+def test_ctrl_c_before_anything_was_measured_says_so() -> None:
+    with wire.LoopbackServer([good_stream(headers_delay=30)]) as server:
+        process = subprocess.Popen([str(OTEL_LLM), "bench", "--base-url", server.base_url, "--model", "m"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            while not server.requests:  # the preflight request is waiting for its answer
+                time.sleep(0.05)
+            process.send_signal(signal.SIGINT)
+            out, err = process.communicate(timeout=20)
+        finally:
+            process.kill()
+    assert (process.returncode, out) == (EXIT_INTERRUPTED, "")
+    assert_one_line(err, "otel-llm bench: interrupted before any request was measured")
 
 
 def test_unreachable_endpoint() -> None:
@@ -412,6 +553,7 @@ def test_base_url_without_the_api_path() -> None:
 @pytest.mark.parametrize(("body", "expected"), [
     (b"data: {not json\n\n", "sent a malformed stream"),
     (b"<html>a web page</html>", "a stream that carried no content"),
+    (INVALID_UTF8, "sent a malformed stream ('utf-8' codec can't decode byte 0xff"),
 ])
 def test_malformed_stream(body: bytes, expected: str) -> None:
     with garbage_server(body) as base_url:
@@ -484,3 +626,11 @@ def test_rules_and_dashboards_are_delegated(command: str, tmp_path: Path) -> Non
     assert status == 0, err
     assert out == ""
     assert (tmp_path / command).exists()
+
+
+def test_dashboard_text_states_the_regression_ratio_it_was_given(tmp_path: Path) -> None:
+    status, _, err = run("dashboards", "-o", str(tmp_path), "--ratio", "2")
+    assert status == 0, err
+    panels = json.loads((tmp_path / "otel_llm.json").read_text())["panels"]
+    description = next(p["description"] for p in panels if p.get("title") == "TTFT change vs $shift")
+    assert "+100% is the regression alert's ratio (2x)" in description

@@ -197,6 +197,13 @@ def test_defaults_are_the_design_contract() -> None:
     ({"regression_window": "2d"}, "regression_offset 1d is shorter than regression_window 2d"),
     ({"regression_min_requests": 0}, "regression_min_requests must be a whole number"),
     ({"burn_windows": (_rules.BurnWindows("5m", "1h", 14.4),)}, "the short window must be the shorter one"),
+    ({"slo_target": 0.9999999999999}, r"^slo_target 0.9999999999999 leaves no error budget: 1 - target rounds to 0 at "
+                                      "the 12 digits the rules are written with"),
+    ({"regression_offset": "293y"}, r"^regression_offset 293y is longer than Prometheus can parse \(at most 292y"),
+    ({"regression_offset": "106752d"}, "regression_offset 106752d is longer than Prometheus can parse"),
+    ({"regression_window": "59s"}, r"^regression_window 59s is shorter than 1m: rate\(\) needs two samples"),
+    ({"outcome_window": "500ms"}, "outcome_window 500ms is shorter than 1m"),
+    ({"burn_windows": (_rules.BurnWindows("1h", "30s", 14.4),)}, "burn window 30s is shorter than 1m"),
 ])
 def test_bad_configuration_is_refused_clearly(changes: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -248,6 +255,27 @@ def test_main_rules_check_of_a_file_that_is_not_text_says_it_differs(tmp_path: P
     (tmp_path / "rules.yml").write_bytes(b"\xff\xfe not UTF-8")
     assert main_rules(["-o", str(tmp_path / "rules.yml"), "--check"]) == 1
     assert "differs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--window", "300y", "--offset", "300y"], "regression_offset 300y is longer than Prometheus can parse"),
+    (["--window", "30s"], "regression_window 30s is shorter than 1m"),
+    (["--slo-target", "0.9999999999999"], "slo_target 0.9999999999999 leaves no error budget"),
+])
+def test_main_rules_refuses_what_prometheus_cannot_use(argv: list[str], message: str,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main_rules(argv)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith(f"otel-llm rules: error: {message}")
+
+
+def test_main_rules_takes_durations_up_to_the_longest_prometheus_parses(tmp_path: Path) -> None:
+    assert main_rules(["--window", "1m", "--offset", "106751d", "-o", str(tmp_path / "days.yml")]) == 0
+    assert main_rules(["--window", "292y", "--offset", "292y", "-o", str(tmp_path / "years.yml")]) == 0
+    for name in ("days.yml", "years.yml"):
+        result = prom.run_promtool("check", "rules", tmp_path / name)
+        assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_main_rules_refuses_a_threshold_off_the_bucket_edges(capsys: pytest.CaptureFixture[str]) -> None:
