@@ -616,11 +616,12 @@ def _observe_latest(latest: dict[_GaugeKey, tuple[float, int]], gauges: _Gauges)
         write_later()
         flush_all()
         mine = gauges.meter()
-        meters: dict[_Gauges, Any] = {}
+        meters: dict[_Gauges, Any] = {}  # each owner's meter, resolved once per collection
         observed = []
         for (whose, key), (value, _) in list(latest.items()):
-            meter = meters.get(whose) or meters.setdefault(whose, whose.meter())
-            if meter is mine:
+            if whose not in meters:
+                meters[whose] = whose.meter()
+            if meters[whose] is mine:
                 observed.append(Observation(value, dict(key)))
         return observed
 

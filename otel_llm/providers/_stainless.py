@@ -31,7 +31,7 @@ def parsed_body(response: Any) -> Any:
     return response.parse()
 
 
-def helper_events(module: str, helper: str) -> Target:
+def helper_target(module: str, helper: str) -> Target:
     """A stream() helper's generator of events over the raw stream it holds: its parser's refusals fail the
     operation (``_calls.helper_stream``)."""
     return Target(module, f"{helper}.__stream__", _HELPER_STREAM)

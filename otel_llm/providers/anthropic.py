@@ -12,7 +12,7 @@ The stream() helper sends its request only when its manager is entered, through 
 client's ``post``, not through ``create``: its deferred request is routed through our wrapper instead. The helper's
 own close path (``MessageStream.close`` -> ``Stream.close``) and its iteration go through the raw stream it holds,
 which is then our proxy, so ``text_stream``, ``get_final_message()`` and early exits need nothing more; what its
-own parser raises on an answer cut short (``output_format``) is seen around its events (``helper_events``).
+own parser raises on an answer cut short (``output_format``) is seen around its events (``helper_target``).
 
 The SDK's own span. anthropic 2.x opens a CLIENT span ``anthropic.messages.create`` (scope
 ``com.anthropic.sdk.python``) for every API call, on the global tracer provider unless told otherwise
@@ -47,7 +47,7 @@ from otel_llm._patching import Provider, Target
 from otel_llm._safety import report_failure
 from otel_llm._stream import CONTENT, DONE, OTHER
 from otel_llm.providers import _claude
-from otel_llm.providers._stainless import ResponseHeaders, helper_events, parsed_body, request_secrets
+from otel_llm.providers._stainless import ResponseHeaders, helper_target, parsed_body, request_secrets
 from otel_llm.providers._values import count, field, parameter, text_counter
 
 try:  # the SDK's table of exception classes by (status, error code), which names a stream's error events
@@ -348,7 +348,7 @@ PROVIDER = Provider(
         *_HEADERS.base_client_targets("anthropic"),
         Target("anthropic._base_client", "start_api_call_span", span_stand_in()),
         # the stream() helpers' parsers refuse an answer cut short (output_format) while the caller iterates
-        *(helper_events(f"anthropic.lib.streaming._{module}", helper) for module, helpers in (
+        *(helper_target(f"anthropic.lib.streaming._{module}", helper) for module, helpers in (
             ("messages", ("MessageStream", "AsyncMessageStream")),
             ("beta_messages", ("BetaMessageStream", "BetaAsyncMessageStream"))) for helper in helpers),
     ),

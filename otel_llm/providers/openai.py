@@ -27,7 +27,7 @@ from otel_llm._operation import Request
 from otel_llm._patching import Provider, Target
 from otel_llm._safety import report_failure
 from otel_llm._stream import CONTENT, DONE, HIDDEN, OTHER, closed_by_helper
-from otel_llm.providers._stainless import ResponseHeaders, helper_events, parsed_body, raw_stream_of, request_secrets
+from otel_llm.providers._stainless import ResponseHeaders, helper_target, parsed_body, raw_stream_of, request_secrets
 from otel_llm.providers._values import count, field, parameter, text_counter
 
 if TYPE_CHECKING:
@@ -265,8 +265,7 @@ def _request_parameters(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     given = kwargs.keys() & _PARAMETERS  # look only at what was passed
     for key in given:
         name = _NUMERIC_PARAMETERS.get(key)
-        value = None if name is None else parameter(name, kwargs[key])
-        if name is not None and value is not None:
+        if name is not None and (value := parameter(name, kwargs[key])) is not None:
             attributes[name] = value
     for key in _MAX_TOKENS_PARAMETERS:
         value = parameter(sc.REQUEST_MAX_TOKENS, kwargs.get(key))
@@ -924,9 +923,9 @@ PROVIDER = Provider(
         Target("openai.lib.streaming.responses._responses", "ResponseStream.close", before(_helper_closed)),
         Target("openai.lib.streaming.responses._responses", "AsyncResponseStream.close", before(_helper_closed)),
         # and their parsers refuse an answer cut short while the caller iterates, as the calls that do not stream do
-        helper_events("openai.lib.streaming.chat._completions", "ChatCompletionStream"),
-        helper_events("openai.lib.streaming.chat._completions", "AsyncChatCompletionStream"),
-        helper_events("openai.lib.streaming.responses._responses", "ResponseStream"),
-        helper_events("openai.lib.streaming.responses._responses", "AsyncResponseStream"),
+        helper_target("openai.lib.streaming.chat._completions", "ChatCompletionStream"),
+        helper_target("openai.lib.streaming.chat._completions", "AsyncChatCompletionStream"),
+        helper_target("openai.lib.streaming.responses._responses", "ResponseStream"),
+        helper_target("openai.lib.streaming.responses._responses", "AsyncResponseStream"),
     ),
 )
