@@ -309,7 +309,7 @@ def _failed(telemetry: Telemetry, endpoint: Endpoint, op: Operation, exc: BaseEx
         endpoint.read_error(op, exc)
     except Exception:
         report_failure("error")
-    telemetry.finish(op, exc)
+    telemetry.finish(op, exc, sealed=True)  # the caller got no result to read on
 
 
 def _foreign_stream(result: Any, is_async: bool) -> Kind:
@@ -352,7 +352,10 @@ def _observer(endpoint: Endpoint, op: Operation) -> Callable[[Operation, Any], i
 
 
 def _adopt(telemetry: Telemetry, endpoint: Endpoint, op: Operation, result: Any, *, is_async: bool) -> Any:
-    """Hand the caller its result, wrapped when the operation is still under way. Never raises."""
+    """Hand the caller its result, wrapped when the operation is still under way. Never raises. A raw response's
+    body parsed again once its operation is finished is the caller's alone: the operation may wait to be written."""
+    if op.finished:
+        return result
     try:
         kind = endpoint.kind(op, result)
         if kind is _COMPLETE and op.request.stream:
@@ -371,5 +374,6 @@ def _adopt(telemetry: Telemetry, endpoint: Endpoint, op: Operation, result: Any,
         endpoint.read(op, result)
     except Exception:
         report_failure("response")
-    telemetry.finish(op, None, op.done_ns or None)  # a raw response's body came whole before it was parsed
+    # done_ns: a raw response's body came whole before it was parsed; sealed: parsed again, it is not read (above)
+    telemetry.finish(op, None, op.done_ns or None, sealed=True)
     return result

@@ -15,21 +15,39 @@ and the parent alone) and span processors (whose ``on_start`` does nothing). The
 they are written right after, directly, before anything else can see the span (so without its locks: no other
 thread holds it yet). (A processor another thread adds while a span starts may see that one start without them; the
 SDK promises such a processor no start at all.)
+
+Where the span processors are all the SDK's ``BatchSpanProcessor`` (which exports seconds later anyway), the SDK's
+span is not made at the start at all: ``PendingSpan`` decides its span context then, as the tracer would (ids,
+sampler, the SDK's own span metrics), and carries it while the call runs; what the application does with the
+current span meanwhile is kept and done again on the real span. The real span is made, started at its start time,
+and ended at its end time when the operation is written, in batches off the caller's thread (see ``_telemetry``):
+made and ended between milliseconds of client work, one span costs 3-6x what it costs next to others. A
+``WaitingSpans`` processor, first in the provider's list, has the waiting operations written when the provider is
+flushed or shut down, before the batch processor exports.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import Mapping
+import time
+import traceback
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 _log = logging.getLogger("otel_llm")
 
 try:
     from opentelemetry.attributes import BoundedAttributes
     from opentelemetry.sdk.trace import Span as SdkSpan
-    from opentelemetry.sdk.trace import SynchronousMultiSpanProcessor
+    from opentelemetry.sdk.trace import SpanProcessor, SynchronousMultiSpanProcessor
     from opentelemetry.sdk.trace import Tracer as SdkTracer
+    from opentelemetry.sdk.trace import _Span as _MadeSpan
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
     from opentelemetry.sdk.trace.sampling import ParentBased, ParentBasedTraceIdRatio, StaticSampler, TraceIdRatioBased
 
@@ -38,8 +56,12 @@ try:
     _BLIND_SAMPLERS: frozenset[type] = frozenset((StaticSampler, TraceIdRatioBased))
     _PARENT_SAMPLERS: frozenset[type] = frozenset((ParentBased, ParentBasedTraceIdRatio))
     _QUIET_PROCESSORS: frozenset[type] = frozenset((BatchSpanProcessor, SimpleSpanProcessor))
+    # what PendingSpan does as the SDK's Tracer.start_span does, with the internals it reads
+    _later = "record_end_metrics" in inspect.signature(_MadeSpan.__init__).parameters
+    _TRACER_INTERNALS = ("sampler", "resource", "span_processor", "id_generator", "instrumentation_info",
+                         "_span_limits", "_instrumentation_scope", "_tracer_metrics", "_is_enabled")
 except ImportError:  # another SDK: the public API only
-    _direct = False
+    _direct = _later = False
 
 _PLAIN = frozenset((str, bool, int, float))
 
@@ -96,27 +118,233 @@ def _plain(attributes: Mapping[str, Any]) -> bool:
     return True
 
 
-class QuietStart:
-    """Whether the spans a tracer starts may start without attributes, nothing at their start looking at them (see
-    the module's docstring). Asked at every start: span processors can be added to a provider at any time."""
+# how a span starts (SpanStart): through the public API with its attributes; without them, written right after;
+# as a PendingSpan, made at the finish
+LOUD, QUIET, LATER = 0, 1, 2
 
-    __slots__ = ("_processor", "_quiet", "_seen")
 
-    def __init__(self, tracer: Any) -> None:
+class SpanStart:
+    """How the spans a tracer starts may start (see the module's docstring): LOUD, QUIET or LATER. Asked at every
+    start: span processors can be added to a provider at any time. ``write_waiting(timeout_s)`` writes the operations
+    whose spans wait (LATER only where there is one)."""
+
+    __slots__ = ("_mode", "_processor", "_seen", "_write_waiting")
+
+    def __init__(self, tracer: Any, write_waiting: Callable[[float | None], None] | None = None) -> None:
         processor = getattr(tracer, "span_processor", None)
         blind = _direct and type(tracer) is SdkTracer and _blind(getattr(tracer, "sampler", None))
         self._processor = processor if blind and type(processor) is SynchronousMultiSpanProcessor else None
+        later = _later and all(hasattr(tracer, name) for name in _TRACER_INTERNALS)
+        self._write_waiting = write_waiting if later else None
         self._seen: object = None
-        self._quiet = False
+        self._mode = LOUD
 
-    def __call__(self) -> bool:
+    def __call__(self) -> int:
         if self._processor is None:
-            return False
+            return LOUD
         processors = getattr(self._processor, "_span_processors", None)
         if processors is not self._seen:  # the SDK adds one by making a new tuple
-            self._quiet = isinstance(processors, tuple) and all(type(p) in _QUIET_PROCESSORS for p in processors)
-            self._seen = processors
-        return self._quiet
+            self._mode = self._choose(processors)
+            self._seen = getattr(self._processor, "_span_processors", None)  # with WaitingSpans, if it was added
+        return self._mode
+
+    def _choose(self, processors: Any) -> int:
+        if not isinstance(processors, tuple) or not all(type(p) in _QUIET_PROCESSORS or type(p) is WaitingSpans
+                                                        for p in processors):
+            return LOUD
+        kinds = {type(p) for p in processors}
+        if self._write_waiting is None or BatchSpanProcessor not in kinds or SimpleSpanProcessor in kinds:
+            return QUIET
+        if WaitingSpans not in kinds and not WaitingSpans.install(self._processor, self._write_waiting):
+            return QUIET
+        return LATER
+
+
+class WaitingSpans(SpanProcessor if _direct else object):  # type: ignore[misc]
+    """First of a provider's span processors where spans wait to be made: the provider's ``force_flush()`` and
+    ``shutdown()`` write the operations that wait before the processors after it flush or shut down."""
+
+    def __init__(self, write_waiting: Callable[[float | None], None]) -> None:
+        self._write_waiting = write_waiting
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        self._write_waiting(timeout_millis / 1e3)
+        return True
+
+    def shutdown(self) -> None:
+        self._write_waiting(None)
+
+    @staticmethod
+    def install(processor: Any, write_waiting: Callable[[float | None], None]) -> bool:
+        """Put one first in the SDK's multi-processor; False where its internals are not the ones known here."""
+        lock = getattr(processor, "_lock", None)
+        if lock is None:
+            return False
+        with lock:
+            processors = processor._span_processors
+            if not any(type(p) is WaitingSpans for p in processors):
+                processor._span_processors = (WaitingSpans(write_waiting), *processors)
+        _INSTALLED.append(processor)
+        return True
+
+    @staticmethod
+    def uninstall() -> None:
+        """uninstrument(): the providers go back to their own processors (what waits is written first)."""
+        while _INSTALLED:
+            processor = _INSTALLED.pop()
+            with processor._lock:
+                processor._span_processors = tuple(p for p in processor._span_processors
+                                                   if type(p) is not WaitingSpans)
+
+
+_INSTALLED: list[Any] = []  # the multi-processors a WaitingSpans was put into
+
+
+class PendingSpan(trace.Span):
+    """An operation's span while its SDK span waits to be made, current while the call runs. What the tracer
+    decides at a span's start (its ids, the sampler's decision) is decided the first time it is asked for (the span
+    context, for a child span, a propagated header, an exemplar) or when the span is made: the samplers that let a
+    span wait decide on its parent and trace id alone, so the answer is the one its start would have given. What
+    the application does with the span meanwhile (attributes, events, status, name) is kept and done on the real
+    span right after its start; once made, the real span takes it (ended by then: the SDK warns). Its name and
+    attributes read as the SDK span's would."""
+
+    __slots__ = ("_decided", "_kept", "_made", "_name", "_parent", "_start_attributes", "_start_time", "_tracer")
+
+    def __init__(self, tracer: Any, name: str, parent: Context, start_time: int,
+                 start_attributes: Callable[[], Mapping[str, Any]]) -> None:
+        self._tracer = tracer
+        self._name = name
+        self._parent = parent  # the context current at the start
+        self._start_time = start_time
+        self._start_attributes = start_attributes  # what it starts with, made when wanted
+        # (span context, parent span context, sampling result, the SDK's end-of-span metrics): the first one made
+        self._decided: list[tuple[SpanContext, SpanContext | None, Any, Callable[[], None]]] = []
+        self._kept: list[tuple[str, tuple[Any, ...]]] | None = None
+        self._made: Any = None
+
+    def _decision(self) -> tuple[SpanContext, SpanContext | None, Any, Callable[[], None]]:
+        """What ``Tracer.start_span`` decides. Two threads asking at once each decide, and both take the first."""
+        if not self._decided:
+            tracer, ids = self._tracer, self._tracer.id_generator
+            parent: SpanContext | None = trace.get_current_span(self._parent).get_span_context()
+            if parent is not None and parent.is_valid:
+                trace_id, random_id = parent.trace_id, parent.trace_flags.random_trace_id
+            else:
+                parent = None
+                trace_id, random_id = ids.generate_trace_id(), ids.is_trace_id_random()
+            result = tracer.sampler.should_sample(self._parent, trace_id, self._name, SpanKind.CLIENT, None, ())
+            flags = TraceFlags.SAMPLED if result.decision.is_sampled() else TraceFlags.DEFAULT
+            if random_id:
+                flags |= TraceFlags.RANDOM_TRACE_ID
+            context = SpanContext(trace_id, ids.generate_span_id(), is_remote=False, trace_flags=TraceFlags(flags),
+                                  trace_state=result.trace_state)
+            self._decided.append((context, parent, result, tracer._tracer_metrics.start_span(parent, result.decision)))
+        return self._decided[0]
+
+    def make(self) -> Any:
+        """The SDK span, started at its start time with its first attributes and what was kept, as the tracer would
+        have started it then (a span that records nothing where the sampler records none); the caller sets the rest
+        and ends it."""
+        context, parent, result, end_metrics = self._decision()
+        if not result.decision.is_recording():
+            self._made = trace.NonRecordingSpan(context)
+            return self._made
+        tracer = self._tracer
+        span = _MadeSpan(name=self._name, context=context, parent=parent, sampler=tracer.sampler,
+                         resource=tracer.resource, attributes=result.attributes, span_processor=tracer.span_processor,
+                         kind=SpanKind.CLIENT, links=(), instrumentation_info=tracer.instrumentation_info,
+                         limits=tracer._span_limits, instrumentation_scope=tracer._instrumentation_scope,
+                         record_end_metrics=end_metrics)
+        span.start(start_time=self._start_time, parent_context=self._parent)
+        set_attributes(span, self._start_attributes(), quiet_start=True)
+        self._made = span
+        for name, args in self._kept or ():
+            getattr(span, name)(*args)
+        self._kept = None
+        return span
+
+    def _keep(self, name: str, *args: Any) -> None:
+        if self._made is not None:
+            getattr(self._made, name)(*args)
+            return
+        if self._kept is None:
+            self._kept = []
+        self._kept.append((name, args))
+
+    def get_span_context(self) -> SpanContext:
+        return self._decision()[0]
+
+    @property
+    def name(self) -> str:
+        if self._made is not None:
+            return str(self._made.name)
+        return next((args[0] for name, args in reversed(self._kept or ()) if name == "update_name"), self._name)
+
+    @property
+    def attributes(self) -> Mapping[str, Any]:
+        """What the SDK span's would be now: those it starts with, and those set since (one set again moves last)."""
+        if self._made is not None:
+            return self._made.attributes  # type: ignore[no-any-return]
+        found = dict(self._start_attributes())
+        for name, args in self._kept or ():
+            if name in ("set_attribute", "set_attributes"):
+                for key, value in (args[0].items() if name == "set_attributes" else (args,)):
+                    found.pop(key, None)
+                    found[key] = value
+        return found
+
+    def is_recording(self) -> bool:
+        if self._made is not None:
+            return bool(self._made.is_recording())
+        return bool(self._decision()[2].decision.is_recording())
+
+    def end(self, end_time: int | None = None) -> None:
+        pass  # ours to end
+
+    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+        self._keep("set_attributes", dict(attributes))
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        self._keep("set_attribute", key, value)
+
+    def add_event(self, name: str, attributes: Any = None, timestamp: int | None = None) -> None:
+        self._keep("add_event", name, attributes, time.time_ns() if timestamp is None else timestamp)
+
+    def add_link(self, context: SpanContext, attributes: Any = None) -> None:
+        self._keep("add_link", context, attributes)
+
+    def update_name(self, name: str) -> None:
+        self._keep("update_name", name)
+
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+        self._keep("set_status", status, description)
+
+    def record_exception(self, exception: BaseException, attributes: Any = None, timestamp: int | None = None,
+                         escaped: bool = False) -> None:
+        """As the SDK records one, rendered now: the exception's frames are not kept until the span is made."""
+        self.add_event("exception", {**exception_event(exception, escaped), **(attributes or {})}, timestamp)
+
+
+def exception_event(exception: BaseException, escaped: bool = False) -> dict[str, str]:
+    """The attributes of the SDK's exception event for ``exception``."""
+    kind = type(exception)
+    module = kind.__module__
+    return {"exception.type": f"{module}.{kind.__qualname__}" if module and module != "builtins" else kind.__qualname__,
+            "exception.message": str(exception),
+            "exception.stacktrace": "".join(traceback.format_exception(exception)),
+            "exception.escaped": str(escaped)}
+
+
+def pending_span(tracer: Any, name: str, start_time: int,
+                 start_attributes: Callable[[], Mapping[str, Any]]) -> trace.Span:
+    """What ``tracer.start_span(name, kind=CLIENT, attributes=start_attributes(), start_time=start_time)`` gives,
+    its SDK span made later: a PendingSpan, or where the tracer is disabled the current span's context in a span
+    that records nothing."""
+    current = otel_context.get_current()
+    if not tracer._is_enabled():
+        return trace.NonRecordingSpan(trace.get_current_span(current).get_span_context())
+    return PendingSpan(tracer, name, current, start_time, start_attributes)
 
 
 _PARENT_DELEGATES = ("_root", "_remote_parent_sampled", "_remote_parent_not_sampled", "_local_parent_sampled",

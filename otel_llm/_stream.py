@@ -56,7 +56,7 @@ def _sync_step(next_chunk: Callable[[], Any], observe: Observe, read_error: Read
             try:
                 chunk = next_chunk()
             except StopIteration:
-                finish(op)
+                finish(op, None, None, True)  # exhausted: no chunk can follow
                 raise
             except BaseException as exc:
                 _failed(op, exc, read_error, finish)
@@ -91,7 +91,7 @@ def _async_step(next_chunk: Callable[[], Awaitable[Any]], observe: Observe, read
             try:
                 chunk = await next_chunk()
             except StopAsyncIteration:
-                finish(op)
+                finish(op, None, None, True)  # exhausted: no chunk can follow
                 raise
             except GeneratorExit:
                 # this read was closed, not ended: its task destroyed while it waited (the garbage collector closes

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import functools
 import gc
 import json
 import os
@@ -32,7 +33,16 @@ from otel_llm._operation import Operation, Request
 from otel_llm._recording import _NO_EXEMPLAR, Batch, Histogram, NsPoint, Point, Series, flush_all
 from otel_llm._redact import exception_attributes
 from otel_llm._safety import report_failure
-from otel_llm._spans import QuietStart, set_attributes
+from otel_llm._spans import (
+    LATER,
+    QUIET,
+    PendingSpan,
+    SpanStart,
+    WaitingSpans,
+    exception_event,
+    pending_span,
+    set_attributes,
+)
 from otel_llm._version import __version__
 
 if TYPE_CHECKING:
@@ -65,7 +75,7 @@ class Telemetry:
         # then call straight through, or through the round running by then
         self.retired = False
         self._tracer = tracer
-        self._quiet_start = QuietStart(tracer)
+        self._span_start = SpanStart(tracer, write_waiting)
         self._logger = logger if settings.capture_content.on_event else None
         self._gap_rate = settings.chunk_gap_sample_rate
         names = settings.metric_names
@@ -108,18 +118,23 @@ class Telemetry:
 
     def begin(self, request: Request) -> Operation:
         """Open the span; the clock starts last, just before the caller issues the request. The span starts with
-        the attributes semconv marks as relevant to sampling; the rest are set with the outcome at the finish."""
+        the attributes semconv marks as relevant to sampling; the rest are set with the outcome at the finish. Under
+        the SDK's batch span processor, the span is made when the operation is written (see ``_spans``)."""
         if _LATER:
             write_later()
-        attributes = _identity(request)
-        quiet = self._quiet_start()  # nothing at the start reads them: written just after it, without the cleaning
+        start = self._span_start()
         name = f"{request.operation} {request.model}" if request.model else request.operation
         start_epoch_ns = time.time_ns()
         try:
-            span = self._tracer.start_span(name, kind=SpanKind.CLIENT, attributes=None if quiet else attributes,
-                                           start_time=start_epoch_ns)
-            if quiet:
-                set_attributes(span, attributes, quiet_start=True)
+            if start == LATER and _later_writer is not None:
+                span = pending_span(self._tracer, name, start_epoch_ns, functools.partial(_identity, request))
+            else:
+                attributes = _identity(request)
+                quiet = start == QUIET  # nothing at the start reads them: written just after, without the cleaning
+                span = self._tracer.start_span(name, kind=SpanKind.CLIENT, attributes=None if quiet else attributes,
+                                               start_time=start_epoch_ns)
+                if quiet:
+                    set_attributes(span, attributes, quiet_start=True)
         except Exception:  # a span processor's on_start, say: the span is lost, the metrics need not be
             report_failure("span start")
             span = trace.INVALID_SPAN
@@ -143,26 +158,50 @@ class Telemetry:
         open a second span for the same call (see ``_calls.span_stand_in``)."""
         return trace.NonRecordingSpan(op.span.get_span_context())
 
-    def finish(self, op: Operation, error: BaseException | str | None = None, end_ns: int | None = None) -> None:
-        """End the operation exactly once: ERROR status and error.type are set before the span ends. On the garbage
-        collector's stack (a finalizer, a generator or coroutine it closes, a ``with`` exit in one): ended now,
-        written by the next operation or collection, as ``abandon`` does."""
-        exception: BaseException | None = None
+    def finish(self, op: Operation, error: BaseException | str | None = None, end_ns: int | None = None,
+               sealed: bool = False) -> None:
+        """End the operation exactly once: ERROR status and error.type are set before the span ends. ``sealed``:
+        nothing can reach the operation after this (no stream chunks the caller may still read), so a later write
+        need not copy it. A span made later (``PendingSpan``) is written with the next batch, off this thread. On
+        the garbage collector's stack (a finalizer, a generator or coroutine it closes, a ``with`` exit in one):
+        ended now, written by the next operation or collection, as ``abandon`` does."""
+        failure: dict[str, str] | None = None
         error_type: str | None
         if isinstance(error, BaseException):
-            exception = error
             error_type = sc.ERROR_CANCELLED if isinstance(error, asyncio.CancelledError) else type(error).__name__
         else:
             error_type = error
         if not op.close(time.perf_counter_ns() if end_ns is None else end_ns, error_type):
             return
         self._pending.pop(id(op), None)
-        if _collector is not None and _collector == threading.get_ident():
-            _LATER.append((self, op.snapshot(), exception))
+        if isinstance(error, BaseException):
+            failure = self._failure(op, error)
+        in_collector = _collector is not None and _collector == threading.get_ident()
+        if type(op.span) is PendingSpan and _later_writer is not None:
+            _DEFERRED.append((self, op if sealed else op.snapshot(), failure))
+            if WRITE_BATCH is not None and len(_DEFERRED) >= WRITE_BATCH and not in_collector:
+                _later_wake.set()
+            return
+        if in_collector:
+            _LATER.append((self, op if sealed else op.snapshot(), failure))
             return
         if _LATER:
             write_later()
-        self._write(op, exception)
+        self._write(op, failure)
+
+    def _failure(self, op: Operation, exception: BaseException) -> dict[str, str] | None:
+        """The span's exception event for what ended the operation, rendered now: its frames are not kept until
+        the span is written. None for a cancellation, and where the span records nothing."""
+        if isinstance(exception, asyncio.CancelledError) or not op.span.is_recording():
+            return None
+        try:
+            event = exception_event(exception)
+            event.update(exception_attributes(exception, op.secrets,
+                                              hide_content=not self.settings.capture_content.on_span) or {})
+            return event
+        except Exception:
+            report_failure("exception")
+            return None
 
     def outlives(self, op: Operation) -> None:
         """The operation goes on after its SDK call (a stream, a response read later): if the caller still holds it
@@ -193,7 +232,7 @@ class Telemetry:
         self._pending.pop(id(op), None)
         return True
 
-    def _write(self, op: Operation, exception: BaseException | None) -> None:
+    def _write(self, op: Operation, failure: dict[str, str] | None) -> None:
         """Span, metrics and event each on their own: a span processor that raises must not cost the histograms.
         Content (opt-in) is written as JSON once, for the span and the event alike."""
         # a server's id or model that is not text is left out: as a metric attribute a list would cost every point
@@ -206,7 +245,7 @@ class Telemetry:
         content = _content_attributes(op) if on_span or self._logger is not None else {}  # each part guarded
         op.output = None  # written out as JSON now: a stream the caller still holds need not keep every delta
         try:
-            self._end_span(op, exception, tpot, content if on_span else {})
+            self._end_span(op, failure, tpot, content if on_span else {})
         except Exception:
             report_failure("span")
         try:
@@ -221,9 +260,11 @@ class Telemetry:
 
     # --- writing ---------------------------------------------------------------------------------------------
 
-    def _end_span(self, op: Operation, exception: BaseException | None, tpot: float | None,
+    def _end_span(self, op: Operation, failure: dict[str, str] | None, tpot: float | None,
                   content: dict[str, str]) -> None:
         span = op.span
+        if type(span) is PendingSpan:
+            span = span.make()
         end_epoch_ns = op.start_epoch_ns + (op.end_ns - op.start_ns)
         if not span.is_recording():
             span.end(end_time=end_epoch_ns)
@@ -277,9 +318,8 @@ class Telemetry:
         if op.error_type is not None:
             attributes[sc.ERROR_TYPE] = op.error_type
             span.set_status(Status(StatusCode.ERROR, op.error_type))
-            if exception is not None and not isinstance(exception, asyncio.CancelledError):
-                span.record_exception(exception, attributes=exception_attributes(
-                    exception, op.secrets, hide_content=not self.settings.capture_content.on_span))
+            if failure is not None:
+                span.add_event("exception", failure, timestamp=end_epoch_ns)
         set_attributes(span, attributes)
         span.end(end_time=end_epoch_ns)
 
@@ -337,7 +377,7 @@ class Telemetry:
                 points.append((histogram, count, False))
             if counter is not None:
                 counter.add(count, series.counted, context=_NO_EXEMPLAR)
-        self._batch.record(points, time.time_ns(), op.context, gaps, op.span)
+        self._batch.record(points, op.start_epoch_ns + (op.end_ns - op.start_ns), op.context, gaps, op.span)
 
     def _new_series(self, key: tuple[Any, ...], op: Operation) -> _Series:
         if len(self._series) >= _MAX_SERIES_KINDS:  # unbounded model names: start over rather than grow
@@ -456,8 +496,15 @@ _SHARED: weakref.WeakKeyDictionary[Any, _Shared] = weakref.WeakKeyDictionary()
 # every Telemetry still referred to, for what the exit finishes
 _TELEMETRIES: weakref.WeakSet[Telemetry] = weakref.WeakSet()
 
-# Operations ended where nothing may be written (a garbage collector's finalizer), with the exception to report
-_LATER: deque[tuple[Telemetry, Operation, BaseException | None]] = deque()
+# What waits to be written: an operation, with its span's exception event
+_Waiting = tuple[Telemetry, Operation, "dict[str, str] | None"]
+# Operations ended where nothing may be written (a garbage collector's finalizer): the next operation writes them
+_LATER: deque[_Waiting] = deque()
+# Operations whose spans are made when written (PendingSpan): the writer thread writes them in batches of WRITE_BATCH
+# (one span made between others costs a fraction of one made between milliseconds of client work), or within
+# LATER_WAIT_S; so do a collection, the provider's flush or shutdown (WaitingSpans), uninstrument() and the exit
+_DEFERRED: deque[_Waiting] = deque()
+WRITE_BATCH: int | None = 32
 # The garbage collector runs finalizers at any allocation, also where the thread holds a lock of the SDK's or ours:
 # nothing is written on the thread it runs on while it runs (one collection runs at a time). Other threads, which
 # may run while a finalizer waits on I/O, write as usual.
@@ -472,14 +519,22 @@ def _note_collection(phase: str, info: dict[str, int]) -> None:
 gc.callbacks.append(_note_collection)
 
 
-def write_later() -> None:
-    """Write the spans and points of the operations ended where nothing could be."""
-    while _LATER:
+def write_later(waiting: deque[_Waiting] = _LATER) -> None:
+    """Write the spans and points of the operations ended where nothing could be (or of those ``waiting``)."""
+    while waiting:
         try:
-            telemetry, op, exception = _LATER.popleft()
+            telemetry, op, failure = waiting.popleft()
         except IndexError:  # another thread took the last
             return
-        telemetry._write(op, exception)
+        telemetry._write(op, failure)
+
+
+def write_waiting(timeout_s: float | None = None) -> None:
+    """Write all that waits, then give the writer thread up to ``timeout_s`` (None: _EXIT_WAIT_S) to write what it
+    took off the queues already."""
+    write_later()
+    write_later(_DEFERRED)
+    _later_idle.wait(_EXIT_WAIT_S if timeout_s is None else timeout_s)
 
 
 # How long what waits may wait for the next call or collection before a thread of ours writes it (None: no limit)
@@ -493,15 +548,17 @@ _later_lock = threading.Lock()
 
 
 def _write_later_in_time(stop: threading.Event) -> None:
-    """A service with no more calls to make and no metric reader would see an abandoned stream's span only at
-    exit: this thread writes what waits at least every LATER_WAIT_S, until uninstrument() stops it."""
+    """The batches of operations whose spans wait, when one is full; and at least every LATER_WAIT_S what waits
+    (a service with no more calls to make and no metric reader would otherwise see it only at exit), until
+    uninstrument() stops it."""
     while not stop.is_set():
         _later_wake.wait(LATER_WAIT_S)
         _later_wake.clear()
-        if _LATER:
+        if _LATER or _DEFERRED:
             _later_idle.clear()
             try:
                 write_later()
+                write_later(_DEFERRED)
             finally:
                 _later_idle.set()
 
@@ -511,6 +568,7 @@ def _write_at_exit() -> None:
     took it off the queue, and would be stopped mid-write once the exit is done. So do the operations still held
     unfinished (see Telemetry.outlives)."""
     write_later()
+    write_later(_DEFERRED)
     for telemetry in list(_TELEMETRIES):
         try:
             telemetry.finish_pending()
@@ -534,14 +592,18 @@ def _start_later_writer() -> None:
 
 
 def stop_later_writer() -> None:
-    """uninstrument(): the process goes back to no thread of ours (what still waits is written by the next
-    collection or the exit)."""
+    """uninstrument(): the process goes back to no thread of ours, and the providers to their own span processors.
+    Spans waiting to be made are written first; an operation of this round still under way writes its own at its
+    finish. (What a finalizer ended is written by the next collection or the exit.)"""
     global _later_writer
     with _later_lock:
         if _later_writer is not None:
             _later_writer[1].set()
             _later_wake.set()
             _later_writer = None
+    write_later(_DEFERRED)
+    _later_idle.wait(_EXIT_WAIT_S)
+    WaitingSpans.uninstall()
 
 
 def _after_fork() -> None:
@@ -549,6 +611,7 @@ def _after_fork() -> None:
     threads do not survive a fork, so a writer that ran needs a new one, with a fresh event."""
     global _later_writer, _later_wake, _later_idle, _later_lock, _LATEST_LOCK
     _LATER.clear()
+    _DEFERRED.clear()
     _later_lock = threading.Lock()  # another thread may have held it at the fork
     _LATEST_LOCK = threading.RLock()
     if _later_writer is not None:
@@ -614,6 +677,7 @@ def _observe_latest(latest: dict[_GaugeKey, tuple[float, int]], gauges: _Gauges)
     every batch of histogram values (those values included) goes in; then the latest values recorded for its meter."""
     def observe(options: CallbackOptions) -> Iterable[Observation]:
         write_later()
+        write_later(_DEFERRED)
         flush_all()
         mine = gauges.meter()
         meters: dict[_Gauges, Any] = {}  # each owner's meter, resolved once per collection

@@ -19,8 +19,8 @@ import pytest
 import wire
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
@@ -30,6 +30,10 @@ from otel_llm import _semconv as sc
 
 # what a finalizer ended waits for the next call or collection, as tests expect: no timed writes in between
 _telemetry.LATER_WAIT_S = None
+# OTEL_LLM_TEST_SPANS=batch: spans go through the SDK's BatchSpanProcessor, so they are made when written, after
+# the operation (see otel_llm._spans); a test reads them after what waits is written. Otherwise a SimpleSpanProcessor
+# exports each as it ends.
+BATCHED_SPANS = os.environ.get("OTEL_LLM_TEST_SPANS") == "batch"
 
 API_KEY = "sk-test-secret-key-123"
 BASE_URL = "https://api.openai.com/v1"
@@ -42,8 +46,12 @@ class Captured:
     exporter: InMemorySpanExporter
     reader: InMemoryMetricReader
     tracer_provider: TracerProvider
+    processor: SpanProcessor | None = None  # where it is a BatchSpanProcessor, spans() flushes it
 
     def spans(self) -> list[ReadableSpan]:
+        if isinstance(self.processor, BatchSpanProcessor):  # what waits for the writer thread, then the exporter
+            _telemetry.write_later(_telemetry._DEFERRED)
+            self.processor.force_flush()
         return list(self.exporter.get_finished_spans())
 
     def span(self) -> ReadableSpan:
@@ -127,10 +135,11 @@ def instrument(monkeypatch: pytest.MonkeyPatch) -> Iterator[Instrument]:
             monkeypatch.setenv(key, value)
         exporter = InMemorySpanExporter()
         tracer_provider = TracerProvider(sampler=sampler) if sampler is not None else TracerProvider()
-        tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+        processor = BatchSpanProcessor(exporter) if BATCHED_SPANS else SimpleSpanProcessor(exporter)
+        tracer_provider.add_span_processor(processor)
         reader = InMemoryMetricReader()
         otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=MeterProvider(metric_readers=[reader]))
-        return Captured(exporter, reader, tracer_provider)
+        return Captured(exporter, reader, tracer_provider, processor)
 
     yield start
     otel_llm.uninstrument()

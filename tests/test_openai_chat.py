@@ -481,6 +481,7 @@ def test_a_stream_whose_usage_chunk_never_comes_keeps_nothing_alive(
         chunks = list(stream) if read is None else [chunk for _, chunk in zip(range(read), stream, strict=False)]
         stream.close()
         del stream, client
+        otel.spans()  # written: under a batch span processor, what waits to be written is held until then
         assert sum(1 for o in gc.get_objects() if type(o) is Operation) == before
     finally:
         gc.enable()

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
+import openai
 import pytest
 import wire
-from conftest import Captured, Instrument, openai_server, sync_client
-from opentelemetry import trace
+from conftest import Captured, Instrument, attributes, openai_server, sync_client
+from opentelemetry import propagate, trace
 from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
     ALWAYS_ON,
     Decision,
     ParentBased,
@@ -24,7 +29,8 @@ from opentelemetry.sdk.trace.sampling import (
 )
 
 import otel_llm
-from otel_llm import _spans
+from otel_llm import _semconv as sc
+from otel_llm import _spans, _telemetry
 from otel_llm._spans import set_attributes
 
 START = {"gen_ai.operation.name": "chat", "gen_ai.request.model": "m", "server.port": 443}
@@ -152,12 +158,13 @@ def _call(instrument: Instrument, sampler: Any = None) -> Captured:
     return otel
 
 
-def _call_with_a_hook(limits: SpanLimits | None = None) -> tuple[ReadableSpan, list[Any]]:
+def _call_with_a_hook(limits: SpanLimits | None = None, processor: type = SimpleSpanProcessor) -> tuple[
+        ReadableSpan, list[Any]]:
     """A call whose HTTP client runs an application's request hook while our span is current: it reads the model
     off the span, names the real upstream behind a gateway, and tags a tenant."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider(span_limits=limits or SpanLimits())
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    provider.add_span_processor(processor(exporter))
     otel_llm.instrument(tracer_provider=provider, meter_provider=MeterProvider())
     seen: list[Any] = []
 
@@ -172,20 +179,24 @@ def _call_with_a_hook(limits: SpanLimits | None = None) -> tuple[ReadableSpan, l
         client._client.event_hooks = {"request": [hook]}
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
     finally:
-        otel_llm.uninstrument()
+        otel_llm.uninstrument()  # writes what waits (under a batch span processor), then the provider is its own
+    provider.force_flush()
     (span,) = exporter.get_finished_spans()
     return span, seen
 
 
-def test_a_quiet_start_gives_the_span_a_loud_one_gives(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("processor", [SimpleSpanProcessor, BatchSpanProcessor],
+                         ids=["quiet start (simple processor)", "made at the finish (batch processor)"])
+def test_a_quiet_or_later_start_gives_the_span_a_loud_one_gives(monkeypatch: pytest.MonkeyPatch,
+                                                                  processor: type) -> None:
     """Under the SDK's own sampler and processors the span starts without its five attributes and has them right
-    after: what the application does with the current span during the call, and a count limit, come out the same
-    as had it started with them."""
-    quiet, seen_quiet = _call_with_a_hook()
-    quiet_limited, _ = _call_with_a_hook(SpanLimits(max_span_attributes=len(quiet.attributes or {}) - 1))
-    monkeypatch.setattr(_spans.QuietStart, "__call__", lambda self: False)
-    loud, seen_loud = _call_with_a_hook()
-    loud_limited, _ = _call_with_a_hook(SpanLimits(max_span_attributes=len(loud.attributes or {}) - 1))
+    after, or (batch processor) is made when written: what the application does with the current span during the
+    call, and a count limit, come out the same as had it started with them."""
+    quiet, seen_quiet = _call_with_a_hook(processor=processor)
+    quiet_limited, _ = _call_with_a_hook(SpanLimits(max_span_attributes=len(quiet.attributes or {}) - 1), processor)
+    monkeypatch.setattr(_spans.SpanStart, "__call__", lambda self: _spans.LOUD)
+    loud, seen_loud = _call_with_a_hook(processor=processor)
+    loud_limited, _ = _call_with_a_hook(SpanLimits(max_span_attributes=len(loud.attributes or {}) - 1), processor)
     assert seen_quiet == seen_loud == ["m"]
     assert quiet.attributes is not None and loud.attributes is not None
     assert list(quiet.attributes) == list(loud.attributes)  # the same names, in the same order
@@ -238,7 +249,7 @@ def test_a_span_processor_added_later_sees_them_at_the_start(instrument: Instrum
     TracerProvider(sampler=ParentBasedTraceIdRatio(0.5)).get_tracer("t"),
 ], ids=["ratio", "parent-based ratio"])
 def test_the_sdks_samplers_decide_without_them(tracer: Any) -> None:
-    assert _spans.QuietStart(tracer)()
+    assert _spans.SpanStart(tracer)() == _spans.QUIET
 
 
 @pytest.mark.parametrize("tracer", [
@@ -247,4 +258,239 @@ def test_the_sdks_samplers_decide_without_them(tracer: Any) -> None:
     trace.ProxyTracer("t"),
 ], ids=["own sampler under a parent-based one", "not the SDK's tracer", "proxy tracer"])
 def test_anything_else_starts_with_them(tracer: Any) -> None:
-    assert not _spans.QuietStart(tracer)()
+    assert _spans.SpanStart(tracer)() == _spans.LOUD
+
+
+# --- spans made when written: under the SDK's batch span processor ------------------------------------------------
+
+# what differs from one run of the same calls to the next
+TIMED = {"gen_ai.response.time_to_first_chunk", "otel_llm.response.max_chunk_gap", "otel_llm.response.time_to_headers",
+         "otel_llm.response.time_per_output_token"}
+
+
+def _calls() -> None:
+    """A non-streamed call, a stream read to its end, a stream the caller closed early and a call refused (429)."""
+    client, _ = sync_client([
+        wire.Reply.json(wire.chat_completion_body("hi", usage=wire.Usage(input=3, output=1))),
+        wire.Reply.stream(wire.chat_stream(["a", "b", "c"], usage=wire.Usage(input=3, output=3))),
+        wire.Reply.stream(wire.chat_stream(["a", "b", "c"], usage=wire.Usage(input=3, output=3))),
+        wire.Reply.rate_limited(),
+    ])
+    messages = [{"role": "user", "content": "hi"}]
+    client.chat.completions.create(model="m", messages=messages)  # type: ignore[arg-type]
+    list(client.chat.completions.create(model="m", messages=messages, stream=True))  # type: ignore[arg-type]
+    with client.chat.completions.create(model="m", messages=messages, stream=True) as stream:  # type: ignore[arg-type]
+        next(stream)
+        next(stream)
+    with pytest.raises(openai.RateLimitError):
+        client.chat.completions.create(model="m", messages=messages)  # type: ignore[arg-type]
+
+
+def _written(span: ReadableSpan) -> tuple[Any, ...]:
+    """A span as written, less what moves from run to run (ids, times)."""
+    events = [(event.name, {key: value for key, value in (event.attributes or {}).items()
+                            if key != "exception.stacktrace"}) for event in span.events]
+    return (span.name, span.kind, span.status.status_code, span.status.description, span.instrumentation_scope,
+            span.resource.attributes, [(key, value) for key, value in (span.attributes or {}).items()
+                                       if key not in TIMED], events, span.dropped_attributes)
+
+
+def _batched(**processor_options: Any) -> tuple[
+        TracerProvider, BatchSpanProcessor, InMemorySpanExporter, InMemoryMetricReader]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    processor = BatchSpanProcessor(exporter, **processor_options)
+    provider.add_span_processor(processor)
+    reader = InMemoryMetricReader()
+    otel_llm.instrument(tracer_provider=provider, meter_provider=MeterProvider(metric_readers=[reader]))
+    return provider, processor, exporter, reader
+
+
+def test_under_a_batch_processor_the_spans_are_made_after_the_call_and_are_those_made_at_its_start(
+        instrument: Instrument) -> None:
+    """Nothing of a span is made on the caller's thread: the batch processor has none of them until the provider is
+    flushed, which writes what waits first. Then they are the spans a start at the call would have given, with
+    the call's own start and end times, and each exception event as the SDK records it."""
+    made_at_the_start = instrument()
+    _calls()
+    otel_llm.uninstrument()
+    started = time.time_ns()
+    provider, processor, exporter, _ = _batched()
+    try:
+        _calls()
+        ended = time.time_ns()
+        processor.force_flush()  # the batch processor alone: it was handed nothing yet
+        assert exporter.get_finished_spans() == ()
+        provider.force_flush()
+        spans = exporter.get_finished_spans()
+    finally:
+        otel_llm.uninstrument()
+    assert [_written(span) for span in spans] == [_written(span) for span in made_at_the_start.spans()]
+    assert [attributes(span).get(sc.ERROR_TYPE) for span in spans] == [None, None, "cancelled", "RateLimitError"]
+    assert all(started < span.start_time < span.end_time < ended for span in spans)  # type: ignore[operator]
+    (event,) = spans[3].events
+    assert event.attributes is not None and "openai.RateLimitError" in str(event.attributes["exception.stacktrace"])
+    assert started < event.timestamp < ended
+
+
+def test_the_span_current_during_the_call_is_the_one_written() -> None:
+    """Its context is decided as the call starts would (parent, ids, sampled), for what runs during the call: an
+    HTTP hook, a propagated header, another instrumentation's child span."""
+    provider, _, exporter, _ = _batched()
+    seen: list[Any] = []
+
+    def hook(request: Any) -> None:
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+        seen.append((trace.get_current_span().get_span_context(), carrier["traceparent"]))
+
+    try:
+        client, _ = sync_client(openai_server(tokens=["a"], usage=wire.Usage(input=3, output=1)))
+        client._client.event_hooks = {"request": [hook]}
+        with provider.get_tracer("app").start_as_current_span("handler") as parent:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        provider.force_flush()
+    finally:
+        otel_llm.uninstrument()
+    ours = next(span for span in exporter.get_finished_spans() if span.name == "chat m")
+    ((context, traceparent),) = seen
+    assert ours.context == context and ours.context is not None
+    assert ours.parent == parent.get_span_context()
+    assert context.trace_flags.sampled
+    assert traceparent == f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+
+
+class _Ids(RandomIdGenerator):
+    """Trace ids in a known order, so that two runs put the same ids before a ratio sampler."""
+
+    def __init__(self) -> None:
+        self._next = iter(range(1, 1000))
+
+    def generate_trace_id(self) -> int:
+        step = next(self._next)  # the ratio samplers look at the low 64 bits: spread over them
+        return (step << 64) | (step * 0x9E3779B97F4A7C15 % (1 << 64))
+
+
+@pytest.mark.parametrize("sampler", [TraceIdRatioBased(0.5), ParentBased(TraceIdRatioBased(0.5))],
+                         ids=["ratio", "parent-based ratio"])
+def test_the_sampler_decides_what_it_would_have_at_the_start(sampler: Any) -> None:
+    kept: dict[type, list[int]] = {}
+    for processor in (SimpleSpanProcessor, BatchSpanProcessor):
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider(sampler=sampler, id_generator=_Ids())
+        provider.add_span_processor(processor(exporter))
+        otel_llm.instrument(tracer_provider=provider, meter_provider=MeterProvider())
+        try:
+            client, _ = sync_client(openai_server(tokens=["a"], usage=wire.Usage(input=3, output=1)))
+            for _ in range(16):
+                client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        finally:
+            otel_llm.uninstrument()
+        provider.force_flush()
+        kept[processor] = [span.context.trace_id for span in exporter.get_finished_spans()]  # type: ignore[union-attr]
+    assert 0 < len(kept[BatchSpanProcessor]) < 16
+    assert kept[BatchSpanProcessor] == kept[SimpleSpanProcessor]
+
+
+def test_a_span_sampled_out_is_not_written_and_propagates_as_not_sampled() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ParentBased(ALWAYS_OFF))
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    otel_llm.instrument(tracer_provider=provider, meter_provider=MeterProvider())
+    seen: list[str] = []
+
+    def hook(request: Any) -> None:
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+        seen.append(carrier["traceparent"])
+
+    try:
+        client, _ = sync_client(openai_server(tokens=["a"], usage=wire.Usage(input=3, output=1)))
+        client._client.event_hooks = {"request": [hook]}
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    finally:
+        otel_llm.uninstrument()
+    provider.force_flush()
+    assert exporter.get_finished_spans() == ()
+    assert int(seen[0][-2:], 16) & trace.TraceFlags.SAMPLED == 0
+
+
+def test_an_exemplar_links_to_the_span_written() -> None:
+    provider, _, exporter, reader = _batched()
+    try:
+        client, _ = sync_client(openai_server(tokens=["a"], usage=wire.Usage(input=3, output=1)))
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        data = reader.get_metrics_data()  # a collection writes what waits
+        provider.force_flush()
+    finally:
+        otel_llm.uninstrument()
+    (span,) = exporter.get_finished_spans()
+    assert data is not None and span.context is not None
+    (point,) = [metric.data.data_points[0] for resource in data.resource_metrics for scope in resource.scope_metrics
+                for metric in scope.metrics if metric.name == sc.STABLE_NAMES.duration.name]
+    (exemplar,) = point.exemplars
+    assert (exemplar.trace_id, exemplar.span_id) == (span.context.trace_id, span.context.span_id)
+
+
+def test_the_writer_thread_writes_a_full_batch_and_what_waited_long_enough(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With nobody flushing: a batch of WRITE_BATCH operations is written at once, fewer within LATER_WAIT_S."""
+    monkeypatch.setattr(_telemetry, "WRITE_BATCH", 3)
+    _, _, exporter, _ = _batched(schedule_delay_millis=10)
+    try:
+        client, _ = sync_client(openai_server(tokens=["a"], usage=wire.Usage(input=3, output=1)))
+
+        def call() -> None:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+
+        def exported(count: int) -> bool:
+            deadline = time.monotonic() + 5
+            while len(exporter.get_finished_spans()) < count and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return len(exporter.get_finished_spans()) == count
+
+        call()
+        call()
+        time.sleep(0.2)
+        assert exporter.get_finished_spans() == ()  # two of three, and no time limit (the suite's LATER_WAIT_S)
+        call()
+        assert exported(3)
+        _telemetry.LATER_WAIT_S = 0.05
+        _telemetry._later_wake.set()  # the writer thread takes the new limit
+        call()
+        assert exported(4)
+    finally:
+        _telemetry.LATER_WAIT_S = None
+        otel_llm.uninstrument()
+
+
+def test_uninstrument_and_a_provider_shutdown_write_what_waits() -> None:
+    provider, processor, exporter, _ = _batched()
+    client, _ = sync_client(openai_server(tokens=["a"], usage=wire.Usage(input=3, output=1)))
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert len(provider._active_span_processor._span_processors) == 2  # ours first, then the application's
+    otel_llm.uninstrument()
+    assert provider._active_span_processor._span_processors == (processor,)  # as the application made it
+    processor.force_flush()
+    assert len(exporter.get_finished_spans()) == 1
+
+    provider, processor, exporter, _ = _batched()
+    try:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        provider.shutdown()
+        assert len(exporter.get_finished_spans()) == 1
+    finally:
+        otel_llm.uninstrument()
+
+
+def test_a_simple_processor_beside_the_batch_one_sees_each_span_as_it_ends() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(InMemorySpanExporter()))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    otel_llm.instrument(tracer_provider=provider, meter_provider=MeterProvider())
+    try:
+        client, _ = sync_client(openai_server(tokens=["a"], usage=wire.Usage(input=3, output=1)))
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        assert len(exporter.get_finished_spans()) == 1
+    finally:
+        otel_llm.uninstrument()
