@@ -1,4 +1,4 @@
-"""Span attributes set at the finish without the SDK cleaning values we built clean.
+"""How our spans start, and their attributes set at the finish without the SDK cleaning values we built clean.
 
 ``Span.set_attributes()`` runs every value through the SDK's generic cleaning (a recursive type walk, a copy of the
 mapping, a locked insert each): about a quarter of all our own work on a non-streamed call. Our finish attributes
@@ -9,21 +9,19 @@ the end. Anything else (another SDK's span, a length limit to apply, a full stor
 not plain, internals that are not the ones checked here) takes the public API. tests/test_spans.py checks both
 paths give identical spans.
 
-A span's first attributes go through that cleaning too, at its start, where they are given for the sampler's sake.
-``QuietStart`` tells when nothing at the start looks at them: the SDK's own samplers (which decide on the trace id
-and the parent alone) and span processors (whose ``on_start`` does nothing). The span then starts without them and
-they are written right after, directly, before anything else can see the span (so without its locks: no other
-thread holds it yet). (A processor another thread adds while a span starts may see that one start without them; the
-SDK promises such a processor no start at all.)
-
-Where the span processors are all the SDK's ``BatchSpanProcessor`` (which exports seconds later anyway), the SDK's
-span is not made at the start at all: ``PendingSpan`` decides its span context then, as the tracer would (ids,
-sampler, the SDK's own span metrics), and carries it while the call runs; what the application does with the
-current span meanwhile is kept and done again on the real span. The real span is made, started at its start time,
-and ended at its end time when the operation is written, in batches off the caller's thread (see ``_telemetry``):
-made and ended between milliseconds of client work, one span costs 3-6x what it costs next to others. A
-``WaitingSpans`` processor, first in the provider's list, has the waiting operations written when the provider is
-flushed or shut down, before the batch processor exports.
+``SpanStart`` tells how a tracer's spans may start:
+- LOUD, through the public API with their first attributes, given for the sampler's sake and cleaned too;
+- QUIET, where nothing at the start looks at them: the SDK's own samplers (which decide on the trace id and the
+  parent alone) and span processors (whose ``on_start`` does nothing). The span starts without them and they are
+  written right after, directly, before anything else can see the span (so without its locks: no other thread holds
+  it yet). (A processor another thread adds while a span starts may see that one start without them; the SDK
+  promises such a processor no start at all.)
+- LATER, where those processors are all the SDK's ``BatchSpanProcessor`` (which exports seconds later anyway): no
+  SDK span is made at the start. A ``PendingSpan`` stands in while the call runs, and the real span is made, started
+  at its start time and ended at its end time when the operation is written, in batches off the caller's thread
+  (see ``_telemetry``): made and ended between milliseconds of client work, one span costs 3-6x what it costs next
+  to others. A ``WaitingSpans`` processor, first in the provider's list, has the waiting operations written when the
+  provider is flushed or shut down, before the batch processor exports.
 """
 
 from __future__ import annotations
