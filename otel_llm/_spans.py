@@ -20,7 +20,7 @@ paths give identical spans.
   SDK span is made at the start. A ``PendingSpan`` stands in while the call runs, and the real span is made, started
   at its start time and ended at its end time when the operation is written, in batches off the caller's thread
   (see ``_telemetry``): made and ended between milliseconds of client work, one span costs 3-6x what it costs next
-  to others. A ``WaitingSpans`` processor, first in the provider's list, has the waiting operations written when the
+  to others. (The rare call whose span the application touches while it runs has it made there and then.) A ``WaitingSpans`` processor, first in the provider's list, has the waiting operations written when the
   provider is flushed or shut down, before the batch processor exports.
 """
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-import time
+import threading
 import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -200,14 +200,15 @@ _INSTALLED: list[Any] = []  # the multi-processors a WaitingSpans was put into
 
 class PendingSpan(trace.Span):
     """An operation's span while its SDK span waits to be made, current while the call runs. What the tracer
-    decides at a span's start (its ids, the sampler's decision) is decided the first time it is asked for (the span
-    context, for a child span, a propagated header, an exemplar) or when the span is made: the samplers that let a
-    span wait decide on its parent and trace id alone, so the answer is the one its start would have given. What
-    the application does with the span meanwhile (attributes, events, status, name) is kept and done on the real
-    span right after its start; once made, the real span takes it (ended by then: the SDK warns). Its name and
-    attributes read as the SDK span's would."""
+    decides at a span's start (its ids, the sampler's decision, the SDK's own span metrics) is decided the first
+    time it is asked for (the span context: a child span, a propagated header, an exemplar) or when the span is
+    made: the samplers that let a span wait decide on its parent and trace id alone, so the answer is the one its
+    start would have given. Anything else done with it (attributes, events, status, ending it, reading its fields)
+    makes the SDK span there and then, as the tracer would have made it at the start, and that span takes it: the
+    rare call whose span is touched while it runs pays what every call paid before."""
 
-    __slots__ = ("_decided", "_kept", "_made", "_name", "_parent", "_start_attributes", "_start_time", "_tracer")
+    __slots__ = ("_decided", "_end_metrics", "_made", "_name", "_parent", "_start_attributes", "_start_time",
+                 "_tracer")
 
     def __init__(self, tracer: Any, name: str, parent: Context, start_time: int,
                  start_attributes: Callable[[], Mapping[str, Any]]) -> None:
@@ -216,12 +217,12 @@ class PendingSpan(trace.Span):
         self._parent = parent  # the context current at the start
         self._start_time = start_time
         self._start_attributes = start_attributes  # what it starts with, made when wanted
-        # (span context, parent span context, sampling result, the SDK's end-of-span metrics): the first one made
-        self._decided: list[tuple[SpanContext, SpanContext | None, Any, Callable[[], None]]] = []
-        self._kept: list[tuple[str, tuple[Any, ...]]] | None = None
+        # (span context, parent span context, sampling result): the first one made
+        self._decided: list[tuple[SpanContext, SpanContext | None, Any]] = []
+        self._end_metrics: Callable[[], None] | None = None
         self._made: Any = None
 
-    def _decision(self) -> tuple[SpanContext, SpanContext | None, Any, Callable[[], None]]:
+    def _decision(self) -> tuple[SpanContext, SpanContext | None, Any]:
         """What ``Tracer.start_span`` decides. Two threads asking at once each decide, and both take the first."""
         if not self._decided:
             tracer, ids = self._tracer, self._tracer.id_generator
@@ -237,60 +238,38 @@ class PendingSpan(trace.Span):
                 flags |= TraceFlags.RANDOM_TRACE_ID
             context = SpanContext(trace_id, ids.generate_span_id(), is_remote=False, trace_flags=TraceFlags(flags),
                                   trace_state=result.trace_state)
-            self._decided.append((context, parent, result, tracer._tracer_metrics.start_span(parent, result.decision)))
+            self._decided.append((context, parent, result))
+            if self._decided[0][0] is context:  # the span is counted once, where it started (as the SDK counts it)
+                token = otel_context.attach(self._parent)
+                try:
+                    self._end_metrics = tracer._tracer_metrics.start_span(parent, result.decision)
+                finally:
+                    otel_context.detach(token)
         return self._decided[0]
 
     def make(self) -> Any:
-        """The SDK span, started at its start time with its first attributes and what was kept, as the tracer would
-        have started it then (a span that records nothing where the sampler records none); the caller sets the rest
-        and ends it."""
-        context, parent, result, end_metrics = self._decision()
-        if not result.decision.is_recording():
-            self._made = trace.NonRecordingSpan(context)
+        """The SDK span, made once: started at its start time with its first attributes, as the tracer would have
+        started it then (a span that records nothing where the sampler records none)."""
+        with _MAKING:
+            if self._made is None:
+                context, parent, result = self._decision()
+                if not result.decision.is_recording():
+                    self._made = trace.NonRecordingSpan(context)
+                else:
+                    tracer = self._tracer
+                    span = _MadeSpan(name=self._name, context=context, parent=parent, sampler=tracer.sampler,
+                                     resource=tracer.resource, attributes=result.attributes,
+                                     span_processor=tracer.span_processor, kind=SpanKind.CLIENT, links=(),
+                                     instrumentation_info=tracer.instrumentation_info, limits=tracer._span_limits,
+                                     instrumentation_scope=tracer._instrumentation_scope,
+                                     record_end_metrics=self._end_metrics)
+                    span.start(start_time=self._start_time, parent_context=self._parent)
+                    set_attributes(span, self._start_attributes(), quiet_start=True)
+                    self._made = span
             return self._made
-        tracer = self._tracer
-        span = _MadeSpan(name=self._name, context=context, parent=parent, sampler=tracer.sampler,
-                         resource=tracer.resource, attributes=result.attributes, span_processor=tracer.span_processor,
-                         kind=SpanKind.CLIENT, links=(), instrumentation_info=tracer.instrumentation_info,
-                         limits=tracer._span_limits, instrumentation_scope=tracer._instrumentation_scope,
-                         record_end_metrics=end_metrics)
-        span.start(start_time=self._start_time, parent_context=self._parent)
-        set_attributes(span, self._start_attributes(), quiet_start=True)
-        self._made = span
-        for name, args in self._kept or ():
-            getattr(span, name)(*args)
-        self._kept = None
-        return span
-
-    def _keep(self, name: str, *args: Any) -> None:
-        if self._made is not None:
-            getattr(self._made, name)(*args)
-            return
-        if self._kept is None:
-            self._kept = []
-        self._kept.append((name, args))
 
     def get_span_context(self) -> SpanContext:
         return self._decision()[0]
-
-    @property
-    def name(self) -> str:
-        if self._made is not None:
-            return str(self._made.name)
-        return next((args[0] for name, args in reversed(self._kept or ()) if name == "update_name"), self._name)
-
-    @property
-    def attributes(self) -> Mapping[str, Any]:
-        """What the SDK span's would be now: those it starts with, and those set since (one set again moves last)."""
-        if self._made is not None:
-            return self._made.attributes  # type: ignore[no-any-return]
-        found = dict(self._start_attributes())
-        for name, args in self._kept or ():
-            if name in ("set_attribute", "set_attributes"):
-                for key, value in (args[0].items() if name == "set_attributes" else (args,)):
-                    found.pop(key, None)
-                    found[key] = value
-        return found
 
     def is_recording(self) -> bool:
         if self._made is not None:
@@ -298,30 +277,38 @@ class PendingSpan(trace.Span):
         return bool(self._decision()[2].decision.is_recording())
 
     def end(self, end_time: int | None = None) -> None:
-        pass  # ours to end
+        self.make().end(end_time)
 
     def set_attributes(self, attributes: Mapping[str, Any]) -> None:
-        self._keep("set_attributes", dict(attributes))
+        self.make().set_attributes(attributes)
 
     def set_attribute(self, key: str, value: Any) -> None:
-        self._keep("set_attribute", key, value)
+        self.make().set_attribute(key, value)
 
     def add_event(self, name: str, attributes: Any = None, timestamp: int | None = None) -> None:
-        self._keep("add_event", name, attributes, time.time_ns() if timestamp is None else timestamp)
+        self.make().add_event(name, attributes, timestamp)
 
     def add_link(self, context: SpanContext, attributes: Any = None) -> None:
-        self._keep("add_link", context, attributes)
+        self.make().add_link(context, attributes)
 
     def update_name(self, name: str) -> None:
-        self._keep("update_name", name)
+        self.make().update_name(name)
 
     def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
-        self._keep("set_status", status, description)
+        self.make().set_status(status, description)
 
     def record_exception(self, exception: BaseException, attributes: Any = None, timestamp: int | None = None,
                          escaped: bool = False) -> None:
-        """As the SDK records one, rendered now: the exception's frames are not kept until the span is made."""
-        self.add_event("exception", {**exception_event(exception, escaped), **(attributes or {})}, timestamp)
+        self.make().record_exception(exception, attributes, timestamp, escaped)
+
+    def __getattr__(self, name: str) -> Any:
+        """The SDK span's other fields (``attributes``, ``start_time``, ``parent``, ``to_json()``, ...)."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.make(), name)
+
+
+_MAKING = threading.RLock()  # one SDK span per PendingSpan, made on the caller's thread or the writer's
 
 
 def exception_event(exception: BaseException, escaped: bool = False) -> dict[str, str]:

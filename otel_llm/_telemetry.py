@@ -192,9 +192,11 @@ class Telemetry:
     def _failure(self, op: Operation, exception: BaseException) -> dict[str, str] | None:
         """The span's exception event for what ended the operation, rendered now: its frames are not kept until
         the span is written. None for a cancellation, and where the span records nothing."""
-        if isinstance(exception, asyncio.CancelledError) or not op.span.is_recording():
+        if isinstance(exception, asyncio.CancelledError):
             return None
         try:
+            if not op.span.is_recording():
+                return None
             event = exception_event(exception)
             event.update(exception_attributes(exception, op.secrets,
                                               hide_content=not self.settings.capture_content.on_span) or {})

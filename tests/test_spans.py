@@ -25,8 +25,10 @@ from opentelemetry.sdk.trace.sampling import (
     ParentBasedTraceIdRatio,
     Sampler,
     SamplingResult,
+    StaticSampler,
     TraceIdRatioBased,
 )
+from opentelemetry.trace import SpanKind
 
 import otel_llm
 from otel_llm import _semconv as sc
@@ -494,3 +496,76 @@ def test_a_simple_processor_beside_the_batch_one_sees_each_span_as_it_ends() -> 
         assert len(exporter.get_finished_spans()) == 1
     finally:
         otel_llm.uninstrument()
+
+
+def _sdk_span_counts(reader: InMemoryMetricReader) -> list[tuple[str, Any, Any]]:
+    data = reader.get_metrics_data()
+    assert data is not None
+    return sorted((metric.name, sorted(point.attributes.items()), point.value)
+                  for resource in data.resource_metrics for scope in resource.scope_metrics
+                  for metric in scope.metrics if metric.name.startswith("otel.sdk.span")
+                  for point in metric.data.data_points)
+
+
+@pytest.mark.parametrize("sampler", [ALWAYS_ON, StaticSampler(Decision.RECORD_ONLY), ParentBased(ALWAYS_OFF)],
+                         ids=["sampled", "recorded only", "sampled out"])
+def test_the_sdks_own_span_metrics_count_as_at_the_start(monkeypatch: pytest.MonkeyPatch, sampler: Any) -> None:
+    """With OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED the SDK counts spans started and live, recording with the
+    context current at the start (its exemplar filter looks at the current span). A span context asked for while
+    the call runs (a propagated header), and a call that fails, are the application's as before."""
+    monkeypatch.setenv("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED", "true")
+    counts: dict[type, list[Any]] = {}
+    for processor in (SimpleSpanProcessor, BatchSpanProcessor):
+        sdk_reader = InMemoryMetricReader()
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider(sampler=sampler, meter_provider=MeterProvider(metric_readers=[sdk_reader]))
+        provider.add_span_processor(processor(exporter))
+        otel_llm.instrument(tracer_provider=provider, meter_provider=MeterProvider())
+        try:
+            client, _ = sync_client([
+                wire.Reply.json(wire.chat_completion_body("hi", usage=wire.Usage(input=3, output=1))),
+                wire.Reply.rate_limited()])
+            client._client.event_hooks = {"request": [lambda request: propagate.inject({})]}
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+            with pytest.raises(openai.RateLimitError):
+                client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        finally:
+            otel_llm.uninstrument()
+        provider.force_flush()
+        counts[processor] = [_sdk_span_counts(sdk_reader), [_written(span) for span in exporter.get_finished_spans()]]
+    assert counts[BatchSpanProcessor] == counts[SimpleSpanProcessor]
+    assert counts[BatchSpanProcessor][0]  # counted
+
+
+def test_the_application_touching_the_span_during_the_call_has_it_made_there() -> None:
+    """What the SDK copies when it is given (a list attribute, an event's attributes) is not changed by what the
+    application does with its own objects afterwards, and the span's fields read as the SDK's."""
+    written: dict[type, Any] = {}
+    for processor in (SimpleSpanProcessor, BatchSpanProcessor):
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(processor(exporter))
+        otel_llm.instrument(tracer_provider=provider, meter_provider=MeterProvider())
+        read: list[Any] = []
+
+        def hook(request: Any, read: list[Any] = read) -> None:
+            span = trace.get_current_span()
+            values, event = ["a"], {"k": "v"}
+            span.set_attribute("app.list", values)
+            span.add_event("app.event", event)
+            values.append("changed")
+            event["k"] = "changed"
+            read.append((span.kind, span.parent, span.end_time, span.start_time is not None,  # type: ignore[attr-defined]
+                         dict(span.attributes)["app.list"]))  # type: ignore[attr-defined]
+
+        try:
+            client, _ = sync_client(openai_server(tokens=["a"], usage=wire.Usage(input=3, output=1)))
+            client._client.event_hooks = {"request": [hook]}
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        finally:
+            otel_llm.uninstrument()
+        provider.force_flush()
+        (span,) = exporter.get_finished_spans()
+        written[processor] = (read, _written(span))
+    assert written[BatchSpanProcessor] == written[SimpleSpanProcessor]
+    assert written[BatchSpanProcessor][0] == [(SpanKind.CLIENT, None, None, True, ("a",))]
