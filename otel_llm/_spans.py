@@ -20,8 +20,9 @@ paths give identical spans.
   SDK span is made at the start. A ``PendingSpan`` stands in while the call runs, and the real span is made, started
   at its start time and ended at its end time when the operation is written, in batches off the caller's thread
   (see ``_telemetry``): made and ended between milliseconds of client work, one span costs 3-6x what it costs next
-  to others. (The rare call whose span the application touches while it runs has it made there and then.) A ``WaitingSpans`` processor, first in the provider's list, has the waiting operations written when the
-  provider is flushed or shut down, before the batch processor exports.
+  to others. (The rare call whose span the application touches while it runs has it made there and then.) A
+  ``WaitingSpans`` processor, first in the provider's list, has the waiting operations written when the provider is
+  flushed or shut down, before the batch processor exports.
 """
 
 from __future__ import annotations

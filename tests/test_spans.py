@@ -1,9 +1,11 @@
-"""Span attributes written directly give exactly the span the public API gives, and fall back to it where they must."""
+"""Our spans are exactly the spans the public API gives: attributes written directly, spans started quietly, and spans
+made after their calls under a batch processor; each falls back to the public API where it must."""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import openai
@@ -288,6 +290,14 @@ def _calls() -> None:
         client.chat.completions.create(model="m", messages=messages)  # type: ignore[arg-type]
 
 
+def _one_call(hook: Callable[[Any], None] | None = None) -> None:
+    """One non-streamed call through the real client; ``hook`` runs as its HTTP request goes out, our span current."""
+    client, _ = sync_client(openai_server(tokens=["a"], usage=wire.Usage(input=3, output=1)))
+    if hook is not None:
+        client._client.event_hooks = {"request": [hook]}
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+
+
 def _written(span: ReadableSpan) -> tuple[Any, ...]:
     """A span as written, less what moves from run to run (ids, times)."""
     events = [(event.name, {key: value for key, value in (event.attributes or {}).items()
@@ -407,9 +417,7 @@ def test_a_span_sampled_out_is_not_written_and_propagates_as_not_sampled() -> No
         seen.append(carrier["traceparent"])
 
     try:
-        client, _ = sync_client(openai_server(tokens=["a"], usage=wire.Usage(input=3, output=1)))
-        client._client.event_hooks = {"request": [hook]}
-        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        _one_call(hook)
     finally:
         otel_llm.uninstrument()
     provider.force_flush()
@@ -420,8 +428,7 @@ def test_a_span_sampled_out_is_not_written_and_propagates_as_not_sampled() -> No
 def test_an_exemplar_links_to_the_span_written() -> None:
     provider, _, exporter, reader = _batched()
     try:
-        client, _ = sync_client(openai_server(tokens=["a"], usage=wire.Usage(input=3, output=1)))
-        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        _one_call()
         data = reader.get_metrics_data()  # a collection writes what waits
         provider.force_flush()
     finally:
@@ -439,26 +446,21 @@ def test_the_writer_thread_writes_a_full_batch_and_what_waited_long_enough(monke
     monkeypatch.setattr(_telemetry, "WRITE_BATCH", 3)
     _, _, exporter, _ = _batched(schedule_delay_millis=10)
     try:
-        client, _ = sync_client(openai_server(tokens=["a"], usage=wire.Usage(input=3, output=1)))
-
-        def call() -> None:
-            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
-
         def exported(count: int) -> bool:
             deadline = time.monotonic() + 5
             while len(exporter.get_finished_spans()) < count and time.monotonic() < deadline:
                 time.sleep(0.01)
             return len(exporter.get_finished_spans()) == count
 
-        call()
-        call()
+        _one_call()
+        _one_call()
         time.sleep(0.2)
         assert exporter.get_finished_spans() == ()  # two of three, and no time limit (the suite's LATER_WAIT_S)
-        call()
+        _one_call()
         assert exported(3)
         _telemetry.LATER_WAIT_S = 0.05
         _telemetry._later_wake.set()  # the writer thread takes the new limit
-        call()
+        _one_call()
         assert exported(4)
     finally:
         _telemetry.LATER_WAIT_S = None
@@ -467,8 +469,7 @@ def test_the_writer_thread_writes_a_full_batch_and_what_waited_long_enough(monke
 
 def test_uninstrument_and_a_provider_shutdown_write_what_waits() -> None:
     provider, processor, exporter, _ = _batched()
-    client, _ = sync_client(openai_server(tokens=["a"], usage=wire.Usage(input=3, output=1)))
-    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    _one_call()
     assert len(provider._active_span_processor._span_processors) == 2  # ours first, then the application's
     otel_llm.uninstrument()
     assert provider._active_span_processor._span_processors == (processor,)  # as the application made it
@@ -477,7 +478,7 @@ def test_uninstrument_and_a_provider_shutdown_write_what_waits() -> None:
 
     provider, processor, exporter, _ = _batched()
     try:
-        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        _one_call()
         provider.shutdown()
         assert len(exporter.get_finished_spans()) == 1
     finally:
@@ -491,8 +492,7 @@ def test_a_simple_processor_beside_the_batch_one_sees_each_span_as_it_ends() -> 
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     otel_llm.instrument(tracer_provider=provider, meter_provider=MeterProvider())
     try:
-        client, _ = sync_client(openai_server(tokens=["a"], usage=wire.Usage(input=3, output=1)))
-        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        _one_call()
         assert len(exporter.get_finished_spans()) == 1
     finally:
         otel_llm.uninstrument()
@@ -559,9 +559,7 @@ def test_the_application_touching_the_span_during_the_call_has_it_made_there() -
                          dict(span.attributes)["app.list"]))  # type: ignore[attr-defined]
 
         try:
-            client, _ = sync_client(openai_server(tokens=["a"], usage=wire.Usage(input=3, output=1)))
-            client._client.event_hooks = {"request": [hook]}
-            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+            _one_call(hook)
         finally:
             otel_llm.uninstrument()
         provider.force_flush()
