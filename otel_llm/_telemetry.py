@@ -180,7 +180,10 @@ class Telemetry:
         if type(op.span) is PendingSpan and _later_writer is not None:
             _DEFERRED.append((self, op if sealed else op.snapshot(), failure))
             if WRITE_BATCH is not None and len(_DEFERRED) >= WRITE_BATCH and not in_collector:
-                _later_wake.set()
+                if len(_DEFERRED) >= MAX_WAITING:  # the writer thread falls behind (threads busy with the GIL)
+                    write_later(_DEFERRED, WRITE_BATCH)
+                else:
+                    _later_wake.set()
             return
         if in_collector:
             _LATER.append((self, op if sealed else op.snapshot(), failure))
@@ -507,6 +510,8 @@ _LATER: deque[_Waiting] = deque()
 # LATER_WAIT_S; so do a collection, the provider's flush or shutdown (WaitingSpans), uninstrument() and the exit
 _DEFERRED: deque[_Waiting] = deque()
 WRITE_BATCH: int | None = 32
+# what waits for the writer thread at most: beyond it, a finishing thread writes a batch itself
+MAX_WAITING = 1024
 # The garbage collector runs finalizers at any allocation, also where the thread holds a lock of the SDK's or ours:
 # nothing is written on the thread it runs on while it runs (one collection runs at a time). Other threads, which
 # may run while a finalizer waits on I/O, write as usual.
@@ -521,9 +526,12 @@ def _note_collection(phase: str, info: dict[str, int]) -> None:
 gc.callbacks.append(_note_collection)
 
 
-def write_later(waiting: deque[_Waiting] = _LATER) -> None:
-    """Write the spans and points of the operations ended where nothing could be (or of those ``waiting``)."""
-    while waiting:
+def write_later(waiting: deque[_Waiting] = _LATER, limit: int | None = None) -> None:
+    """Write the spans and points of the operations ended where nothing could be (or of those ``waiting``; at most
+    ``limit``)."""
+    while waiting and (limit is None or limit > 0):
+        if limit is not None:
+            limit -= 1
         try:
             telemetry, op, failure = waiting.popleft()
         except IndexError:  # another thread took the last

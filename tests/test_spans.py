@@ -567,3 +567,22 @@ def test_the_application_touching_the_span_during_the_call_has_it_made_there() -
         written[processor] = (read, _written(span))
     assert written[BatchSpanProcessor] == written[SimpleSpanProcessor]
     assert written[BatchSpanProcessor][0] == [(SpanKind.CLIENT, None, None, True, ("a",))]
+
+
+def test_what_waits_for_a_writer_thread_that_falls_behind_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Threads keeping the interpreter busy may leave the writer thread too little of it: past MAX_WAITING, a
+    finishing call writes a batch itself, and nothing is lost."""
+    monkeypatch.setattr(_telemetry, "WRITE_BATCH", 2)
+    monkeypatch.setattr(_telemetry, "MAX_WAITING", 5)
+    monkeypatch.setattr(_telemetry._later_wake, "set", lambda: None)  # a writer thread that never gets its turn
+    provider, _, exporter, _ = _batched()
+    waiting = []
+    try:
+        for _ in range(12):
+            _one_call()
+            waiting.append(len(_telemetry._DEFERRED))
+        provider.force_flush()
+    finally:
+        otel_llm.uninstrument()
+    assert waiting == [1, 2, 3, 4, 3, 4, 3, 4, 3, 4, 3, 4]  # at MAX_WAITING, a batch of WRITE_BATCH goes
+    assert len(exporter.get_finished_spans()) == 12
