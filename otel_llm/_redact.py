@@ -1,8 +1,9 @@
-"""What an exception event on our span may say. The SDK writes an exception's message and stack trace as they are;
-two kinds of text in them must not leave the process through us: an answer that the client's parser quotes
-(pydantic's validation errors show the input they refused, so a structured answer cut short appears in full) when
-content capture does not put content on the span, and a credential a server echoes in its error message ("Invalid
-API key: sk-..."), which an adapter finds on the failed request."""
+"""What an exception event on our span says: what the SDK's ``record_exception`` writes, rendered when the operation
+ends (so the exception's frames are not kept while its span waits to be written). The SDK writes an exception's
+message and stack trace as they are; two kinds of text in them must not leave the process through us: an answer
+that the client's parser quotes (pydantic's validation errors show the input they refused, so a structured answer
+cut short appears in full) when content capture does not put content on the span, and a credential a server echoes
+in its error message ("Invalid API key: sk-..."), which an adapter finds on the failed request."""
 
 from __future__ import annotations
 
@@ -12,20 +13,20 @@ from collections.abc import Iterator, Sequence
 REDACTED = "[REDACTED]"
 
 
-def exception_attributes(exception: BaseException, secrets: Sequence[str],
-                         hide_content: bool) -> dict[str, str] | None:
-    """``exception.message`` and ``exception.stacktrace`` to write in place of the SDK's, or None when its own hold
-    neither content (``hide_content``) nor one of ``secrets``."""
-    replace = [(text, _without_input(error)) for error in _chain(exception)
-               if hide_content and _quotes_input(error) and (text := str(error))]
-    if not replace and not secrets:
-        return None
+def exception_event(exception: BaseException, secrets: Sequence[str], hide_content: bool) -> dict[str, str]:
+    """The attributes of the SDK's exception event for ``exception``, its message and stack trace without content
+    (``hide_content``) or any of ``secrets``."""
+    kind = type(exception)
+    module = kind.__module__
     message, stacktrace = str(exception), _stacktrace(exception)
-    for old, new in replace:
-        message, stacktrace = message.replace(old, new), stacktrace.replace(old, new)
+    for error in _chain(exception):
+        if hide_content and _quotes_input(error) and (text := str(error)):
+            quoted = _without_input(error)
+            message, stacktrace = message.replace(text, quoted), stacktrace.replace(text, quoted)
     for secret in secrets:
         message, stacktrace = message.replace(secret, REDACTED), stacktrace.replace(secret, REDACTED)
-    return {"exception.message": message, "exception.stacktrace": stacktrace}
+    return {"exception.type": f"{module}.{kind.__qualname__}" if module and module != "builtins" else kind.__qualname__,
+            "exception.message": message, "exception.stacktrace": stacktrace, "exception.escaped": "False"}
 
 
 def bearer_secrets(values: Sequence[str]) -> tuple[str, ...]:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import inspect
 import logging
 import threading
-import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -310,16 +309,6 @@ class PendingSpan(trace.Span):
 
 
 _MAKING = threading.RLock()  # one SDK span per PendingSpan, made on the caller's thread or the writer's
-
-
-def exception_event(exception: BaseException, escaped: bool = False) -> dict[str, str]:
-    """The attributes of the SDK's exception event for ``exception``."""
-    kind = type(exception)
-    module = kind.__module__
-    return {"exception.type": f"{module}.{kind.__qualname__}" if module and module != "builtins" else kind.__qualname__,
-            "exception.message": str(exception),
-            "exception.stacktrace": "".join(traceback.format_exception(exception)),
-            "exception.escaped": str(escaped)}
 
 
 def pending_span(tracer: Any, name: str, start_time: int,

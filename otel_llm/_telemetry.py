@@ -31,7 +31,7 @@ from otel_llm import _content as ct
 from otel_llm import _semconv as sc
 from otel_llm._operation import Operation, Request
 from otel_llm._recording import _NO_EXEMPLAR, Batch, Histogram, NsPoint, Point, Series, flush_all
-from otel_llm._redact import exception_attributes
+from otel_llm._redact import exception_event
 from otel_llm._safety import report_failure
 from otel_llm._spans import (
     LATER,
@@ -39,7 +39,6 @@ from otel_llm._spans import (
     PendingSpan,
     SpanStart,
     WaitingSpans,
-    exception_event,
     pending_span,
     set_attributes,
 )
@@ -200,10 +199,7 @@ class Telemetry:
         try:
             if not op.span.is_recording():
                 return None
-            event = exception_event(exception)
-            event.update(exception_attributes(exception, op.secrets,
-                                              hide_content=not self.settings.capture_content.on_span) or {})
-            return event
+            return exception_event(exception, op.secrets, hide_content=not self.settings.capture_content.on_span)
         except Exception:
             report_failure("exception")
             return None
