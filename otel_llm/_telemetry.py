@@ -535,11 +535,16 @@ def write_later(waiting: deque[_Waiting] = _LATER, limit: int | None = None) -> 
         telemetry._write(op, failure)
 
 
+def write_all() -> None:
+    """Write all that waits: what was ended where nothing could be written, and what waits for the writer thread."""
+    write_later()
+    write_later(_DEFERRED)
+
+
 def write_waiting(timeout_s: float | None = None) -> None:
     """Write all that waits, then give the writer thread up to ``timeout_s`` (None: _EXIT_WAIT_S) to write what it
     took off the queues already."""
-    write_later()
-    write_later(_DEFERRED)
+    write_all()
     _later_idle.wait(_EXIT_WAIT_S if timeout_s is None else timeout_s)
 
 
@@ -563,8 +568,7 @@ def _write_later_in_time(stop: threading.Event) -> None:
         if _LATER or _DEFERRED:
             _later_idle.clear()
             try:
-                write_later()
-                write_later(_DEFERRED)
+                write_all()
             finally:
                 _later_idle.set()
 
@@ -573,8 +577,7 @@ def _write_at_exit() -> None:
     """What waits goes out before the providers shut down, and so does what the writer thread is writing now: it
     took it off the queue, and would be stopped mid-write once the exit is done. So do the operations still held
     unfinished (see Telemetry.outlives)."""
-    write_later()
-    write_later(_DEFERRED)
+    write_all()
     for telemetry in list(_TELEMETRIES):
         try:
             telemetry.finish_pending()
@@ -682,8 +685,7 @@ def _observe_latest(latest: dict[_GaugeKey, tuple[float, int]], gauges: _Gauges)
     """A gauge's callback. A reader calls it before it reads the aggregations: first what waits to be written, then
     every batch of histogram values (those values included) goes in; then the latest values recorded for its meter."""
     def observe(options: CallbackOptions) -> Iterable[Observation]:
-        write_later()
-        write_later(_DEFERRED)
+        write_all()
         flush_all()
         mine = gauges.meter()
         meters: dict[_Gauges, Any] = {}  # each owner's meter, resolved once per collection
