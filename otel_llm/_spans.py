@@ -17,10 +17,12 @@ paths give identical spans.
   it yet). (A processor another thread adds while a span starts may see that one start without them; the SDK
   promises such a processor no start at all.)
 - LATER, where those processors are all the SDK's ``BatchSpanProcessor`` (which exports seconds later anyway): no
-  SDK span is made at the start. A ``PendingSpan`` stands in while the call runs, and the real span is made, started
-  at its start time and ended at its end time when the operation is written, in batches off the caller's thread
-  (see ``_telemetry``): made and ended between milliseconds of client work, one span costs 3-6x what it costs next
-  to others. (The rare call whose span the application touches while it runs has it made there and then.) A
+  SDK span is made at the start. A ``PendingSpan`` stands in while the call runs, and when the operation is
+  written, in batches off the caller's thread (see ``_telemetry``), the batch processors are handed the
+  ``ReadableSpan`` the span's end would have given them, with the call's start and end times, and no SDK span is
+  made at all: made and ended between milliseconds of client work, one span costs 3-6x what it costs next to
+  others, and most of what it costs is the span itself. (The rare call whose span the application touches while it
+  runs has it made there and then, and so does a span whose processors are no longer all batch ones.) A
   ``WaitingSpans`` processor, first in the provider's list, has the waiting operations written when the provider is
   flushed or shut down, before the batch processor exports.
 """
@@ -42,12 +44,13 @@ _log = logging.getLogger("otel_llm")
 
 try:
     from opentelemetry.attributes import BoundedAttributes
+    from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, SynchronousMultiSpanProcessor
     from opentelemetry.sdk.trace import Span as SdkSpan
-    from opentelemetry.sdk.trace import SpanProcessor, SynchronousMultiSpanProcessor
     from opentelemetry.sdk.trace import Tracer as SdkTracer
     from opentelemetry.sdk.trace import _Span as _MadeSpan
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
     from opentelemetry.sdk.trace.sampling import ParentBased, ParentBasedTraceIdRatio, StaticSampler, TraceIdRatioBased
+    from opentelemetry.sdk.util import BoundedList
 
     _direct = True
     # exactly these classes: a subclass may look at more
@@ -55,7 +58,9 @@ try:
     _PARENT_SAMPLERS: frozenset[type] = frozenset((ParentBased, ParentBasedTraceIdRatio))
     _QUIET_PROCESSORS: frozenset[type] = frozenset((BatchSpanProcessor, SimpleSpanProcessor))
     # what PendingSpan does as the SDK's Tracer.start_span does, with the internals it reads
-    _later = "record_end_metrics" in inspect.signature(_MadeSpan.__init__).parameters
+    _later = "record_end_metrics" in inspect.signature(_MadeSpan.__init__).parameters and {
+        "attributes", "events", "links", "status", "start_time", "end_time", "instrumentation_scope"
+    } <= set(inspect.signature(ReadableSpan.__init__).parameters)
     _TRACER_INTERNALS = ("sampler", "resource", "span_processor", "id_generator", "instrumentation_info",
                          "_span_limits", "_instrumentation_scope", "_tracer_metrics", "_is_enabled")
 except ImportError:  # another SDK: the public API only
@@ -208,7 +213,7 @@ class PendingSpan(trace.Span):
     rare call whose span is touched while it runs pays what every call paid before."""
 
     __slots__ = ("_decided", "_end_metrics", "_made", "_name", "_parent", "_start_attributes", "_start_time",
-                 "_tracer")
+                 "_tracer", "_written")
 
     def __init__(self, tracer: Any, name: str, parent: Context, start_time: int,
                  start_attributes: Callable[[], Mapping[str, Any]]) -> None:
@@ -221,6 +226,7 @@ class PendingSpan(trace.Span):
         self._decided: list[tuple[SpanContext, SpanContext | None, Any]] = []
         self._end_metrics: Callable[[], None] | None = None
         self._made: Any = None
+        self._written: ReadableSpan | None = None  # what end_written() handed the processors
 
     def _decision(self) -> tuple[SpanContext, SpanContext | None, Any]:
         """What ``Tracer.start_span`` decides. Two threads asking at once each decide, and both take the first."""
@@ -249,7 +255,8 @@ class PendingSpan(trace.Span):
 
     def make(self) -> Any:
         """The SDK span, made once: started at its start time with its first attributes, as the tracer would have
-        started it then (a span that records nothing where the sampler records none)."""
+        started it then (a span that records nothing where the sampler records none). Once ``end_written()`` has
+        written it, the SDK span as it ended, which the processors are not told of again."""
         with _MAKING:
             if self._made is None:
                 context, parent, result = self._decision()
@@ -263,10 +270,57 @@ class PendingSpan(trace.Span):
                                      instrumentation_info=tracer.instrumentation_info, limits=tracer._span_limits,
                                      instrumentation_scope=tracer._instrumentation_scope,
                                      record_end_metrics=self._end_metrics)
-                    span.start(start_time=self._start_time, parent_context=self._parent)
-                    set_attributes(span, self._start_attributes(), quiet_start=True)
+                    written = self._written
+                    if written is not None:  # as end() left it: what is done with it now warns, as the SDK does
+                        span._start_time, span._end_time, span._status = (
+                            written.start_time, written.end_time, written.status)
+                        span._attributes, span._events = written._attributes, written._events
+                    else:
+                        span.start(start_time=self._start_time, parent_context=self._parent)
+                        set_attributes(span, self._start_attributes(), quiet_start=True)
                     self._made = span
             return self._made
+
+    def end_written(self, attributes: Mapping[str, Any], status: Status | None, exception: Mapping[str, Any] | None,
+                    end_time: int) -> bool:
+        """End the span with the finish's attributes, status and exception event, where nothing made it yet and
+        its provider's processors are all batch ones: the ``ReadableSpan`` the SDK span would hand them at its
+        end, built and handed to them without the span (its locks, its start, the copies its end makes: most of
+        what a span costs). False, having done nothing, where that cannot be: the caller then makes the span."""
+        tracer = self._tracer
+        processor = tracer.span_processor
+        with _MAKING:
+            processors = getattr(processor, "_span_processors", None)
+            if (self._made is not None or not _direct or type(processor) is not SynchronousMultiSpanProcessor
+                    or not isinstance(processors, tuple) or not all(type(p) in _BATCHING for p in processors)):
+                return False
+            context, parent, result = self._decision()
+            if not result.decision.is_recording():
+                return False
+            limits = tracer._span_limits
+            store = BoundedAttributes(limits.max_span_attributes, result.attributes, immutable=False,
+                                      max_value_len=limits.max_span_attribute_length)
+            start_attributes = self._start_attributes()
+            if not (store.max_value_len is None and _plain(start_attributes) and _put(store, start_attributes)
+                    and _plain(attributes) and _put(store, attributes)):
+                return False
+            store._immutable = True
+            events: BoundedList[Event] = BoundedList(limits.max_events)
+            if exception is not None:
+                events.append(Event("exception", BoundedAttributes(
+                    limits.max_event_attributes, exception, max_value_len=limits.max_attribute_length,
+                    immutable=True), end_time))
+            span = ReadableSpan(name=self._name, context=context, parent=parent, resource=tracer.resource,
+                                attributes=store, events=events, links=BoundedList(limits.max_links),
+                                kind=SpanKind.CLIENT, instrumentation_info=tracer.instrumentation_info,
+                                start_time=self._start_time, end_time=end_time,
+                                instrumentation_scope=tracer._instrumentation_scope,
+                                **({} if status is None else {"status": status}))
+            self._written = span
+        if self._end_metrics is not None:
+            self._end_metrics()
+        processor.on_end(span)
+        return True
 
     def get_span_context(self) -> SpanContext:
         return self._decision()[0]
@@ -308,6 +362,8 @@ class PendingSpan(trace.Span):
         return getattr(self.make(), name)
 
 
+# the processors end_written() hands spans to: their on_start and _on_ending do nothing
+_BATCHING: frozenset[type] = frozenset((BatchSpanProcessor, WaitingSpans)) if _direct else frozenset()
 _MAKING = threading.RLock()  # one SDK span per PendingSpan, made on the caller's thread or the writer's
 
 

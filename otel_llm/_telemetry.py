@@ -264,10 +264,8 @@ class Telemetry:
     def _end_span(self, op: Operation, failure: dict[str, str] | None, tpot: float | None,
                   content: dict[str, str]) -> None:
         span = op.span
-        if type(span) is PendingSpan:
-            span = span.make()
         end_epoch_ns = op.start_epoch_ns + (op.end_ns - op.start_ns)
-        if not span.is_recording():
+        if not span.is_recording():  # a PendingSpan: decided, not made
             span.end(end_time=end_epoch_ns)
             return
         request = op.request
@@ -316,9 +314,18 @@ class Telemetry:
             attributes.update(op.attributes)
         if content:
             attributes.update(content)
+        status: Status | None = None
         if op.error_type is not None:
             attributes[sc.ERROR_TYPE] = op.error_type
-            span.set_status(Status(StatusCode.ERROR, op.error_type))
+            status = Status(StatusCode.ERROR, op.error_type)
+        else:
+            failure = None
+        if type(span) is PendingSpan:
+            if span.end_written(attributes, status, failure, end_epoch_ns):
+                return
+            span = span.make()
+        if status is not None:
+            span.set_status(status)
             if failure is not None:
                 span.add_event("exception", failure, timestamp=end_epoch_ns)
         set_attributes(span, attributes)

@@ -13,6 +13,7 @@ import pytest
 import wire
 from conftest import Captured, Instrument, attributes, openai_server, sync_client
 from opentelemetry import propagate, trace
+from opentelemetry.sdk import trace as sdk_trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
@@ -302,9 +303,12 @@ def _written(span: ReadableSpan) -> tuple[Any, ...]:
     """A span as written, less what moves from run to run (ids, times)."""
     events = [(event.name, {key: value for key, value in (event.attributes or {}).items()
                             if key != "exception.stacktrace"}) for event in span.events]
-    return (span.name, span.kind, span.status.status_code, span.status.description, span.instrumentation_scope,
-            span.resource.attributes, [(key, value) for key, value in (span.attributes or {}).items()
-                                       if key not in TIMED], events, span.dropped_attributes)
+    context = span.get_span_context()
+    return (type(span), span.name, span.kind, span.status.status_code, span.status.description,
+            span.instrumentation_scope, span.resource.attributes,
+            [(key, value) for key, value in (span.attributes or {}).items() if key not in TIMED], events,
+            span.links, span.dropped_attributes, span.dropped_events, span.dropped_links,
+            context.trace_flags, context.trace_state, span.parent is None)
 
 
 def _batched(**processor_options: Any) -> tuple[
@@ -343,6 +347,51 @@ def test_under_a_batch_processor_the_spans_are_made_after_the_call_and_are_those
     (event,) = spans[3].events
     assert event.attributes is not None and "openai.RateLimitError" in str(event.attributes["exception.stacktrace"])
     assert started < event.timestamp < ended
+
+
+def test_the_writer_hands_the_batch_processor_what_a_span_would_without_making_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where its processors are all batch ones, an SDK span's locks, start and end copies are skipped: the writer
+    builds the ``ReadableSpan`` the span's end would give, which the test above finds equal."""
+    made: list[Any] = []
+    make = sdk_trace._Span.__init__
+    monkeypatch.setattr(sdk_trace._Span, "__init__", lambda span, *a, **k: made.append(span) or make(span, *a, **k))
+    provider, _, exporter, _ = _batched()
+    try:
+        _calls()
+        provider.force_flush()
+    finally:
+        otel_llm.uninstrument()
+    assert len(exporter.get_finished_spans()) == 4
+    assert made == []
+
+
+@pytest.mark.parametrize("processor", [SimpleSpanProcessor, BatchSpanProcessor],
+                         ids=["made at the start", "written without an SDK span"])
+def test_the_span_held_after_the_call_is_an_ended_one(caplog: pytest.LogCaptureFixture, processor: type) -> None:
+    """An application that kept the current span reads what was written, and what it does with it afterwards
+    is refused with the SDK's warning, as for any ended span."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(processor(exporter))
+    otel_llm.instrument(tracer_provider=provider, meter_provider=MeterProvider())
+    kept: list[Any] = []
+    try:
+        _one_call(lambda request: kept.append(trace.get_current_span()))
+        provider.force_flush()
+    finally:
+        otel_llm.uninstrument()
+    (written,) = exporter.get_finished_spans()
+    (span,) = kept
+    with caplog.at_level(logging.WARNING):
+        span.set_attribute("app.late", 1)
+        span.end()
+    assert ["Setting attribute on ended span.", "Calling end() on an ended span."] == [
+        record.getMessage() for record in caplog.records]
+    assert (span.is_recording(), span.start_time, span.end_time, dict(span.attributes), span.status) == (
+        False, written.start_time, written.end_time, dict(written.attributes or {}), written.status)
+    provider.force_flush()
+    assert len(exporter.get_finished_spans()) == 1
 
 
 def test_the_span_current_during_the_call_is_the_one_written() -> None:
