@@ -109,13 +109,15 @@ MISSES = {"L1 instruction misses": r"I1\s+misses", "L1 data misses": r"D1\s+miss
 
 def count(config: str, requests: int, caches: bool = False) -> dict[str, int]:
     found = CONFIGS[config]
-    env = {**os.environ, "PYTHONHASHSEED": "0", "OTEL_LLM_STREAM_USAGE": "true" if found.usage else "false"}
+    # the batch processor's export thread waits for a full batch, not its 5 s timer: under valgrind a run lasts
+    # long enough for it to wake a different number of times in each run
+    env = {**os.environ, "PYTHONHASHSEED": "0", "OTEL_LLM_STREAM_USAGE": "true" if found.usage else "false",
+           "OTEL_BSP_SCHEDULE_DELAY": str(10**9)}
     if found.instrumentation == PEER:
         env = with_peer(env)
     simulate = ["--cache-sim=no"]
     if caches:
         simulate = ["--cache-sim=yes", "--I1=32768,8,64", "--D1=32768,8,64", "--LL=1048576,16,64"]
-        env["OTEL_BSP_SCHEDULE_DELAY"] = str(10**9)  # ms: the export thread waits for a full batch
     result = subprocess.run(
         ["valgrind", "--tool=cachegrind", *simulate, "--cachegrind-out-file=/dev/null",
          sys.executable, str(HERE), "--child", str(found.chunks), found.instrumentation, str(requests)],
