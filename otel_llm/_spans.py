@@ -65,6 +65,10 @@ try:
                          "_span_limits", "_instrumentation_scope", "_tracer_metrics", "_is_enabled")
 except ImportError:  # another SDK: the public API only
     _direct = _later = False
+try:  # what the SDK counts its own spans with when it counts none (OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED unset)
+    from opentelemetry.sdk.trace._tracer_metrics import NoOpTracerMetrics as _NoOpTracerMetrics
+except ImportError:
+    _NoOpTracerMetrics = None  # type: ignore[assignment,misc]
 
 _PLAIN = frozenset((str, bool, int, float))
 
@@ -245,7 +249,8 @@ class PendingSpan(trace.Span):
             context = SpanContext(trace_id, ids.generate_span_id(), is_remote=False, trace_flags=TraceFlags(flags),
                                   trace_state=result.trace_state)
             self._decided.append((context, parent, result))
-            if self._decided[0][0] is context:  # the span is counted once, where it started (as the SDK counts it)
+            # the span is counted once, where it started (as the SDK counts it), where the SDK counts spans at all
+            if self._decided[0][0] is context and type(tracer._tracer_metrics) is not _NoOpTracerMetrics:
                 token = otel_context.attach(self._parent)
                 try:
                     self._end_metrics = tracer._tracer_metrics.start_span(parent, result.decision)
