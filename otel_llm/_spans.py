@@ -29,9 +29,11 @@ paths give identical spans.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -164,12 +166,15 @@ class SpanStart:
             return QUIET
         if WaitingSpans not in kinds and not WaitingSpans.install(self._processor, self._write_waiting):
             return QUIET
+        WaitingSpans.watch(processors, self._write_waiting)
         return LATER
 
 
 class WaitingSpans(SpanProcessor if _direct else object):  # type: ignore[misc]
     """First of a provider's span processors where spans wait to be made: the provider's ``force_flush()`` and
-    ``shutdown()`` write the operations that wait before the processors after it flush or shut down."""
+    ``shutdown()`` write the operations that wait before the processors after it flush or shut down. The batch
+    processors' own ``force_flush()`` and ``shutdown()`` do too (``watch``): an application may flush the processor
+    it made rather than its provider."""
 
     def __init__(self, write_waiting: Callable[[float | None], None]) -> None:
         self._write_waiting = write_waiting
@@ -195,16 +200,45 @@ class WaitingSpans(SpanProcessor if _direct else object):  # type: ignore[misc]
         return True
 
     @staticmethod
+    def watch(processors: tuple[Any, ...], write_waiting: Callable[[float | None], None]) -> None:
+        """Have each batch processor's own ``force_flush()`` and ``shutdown()`` write what waits first (methods of
+        the instance, over its class's, until ``uninstall``)."""
+        for processor in processors:
+            if type(processor) is BatchSpanProcessor and processor not in _WATCHED:
+                processor.force_flush = functools.partial(  # type: ignore[method-assign]
+                    _flush_after_writing, processor, write_waiting)
+                processor.shutdown = functools.partial(  # type: ignore[method-assign]
+                    _shut_down_after_writing, processor, write_waiting)
+                _WATCHED.add(processor)
+
+    @staticmethod
     def uninstall() -> None:
-        """uninstrument(): the providers go back to their own processors (what waits is written first)."""
+        """uninstrument(): the providers go back to their own processors, and the batch processors to their class's
+        methods (what waits is written first)."""
         while _INSTALLED:
             processor = _INSTALLED.pop()
             with processor._lock:
                 processor._span_processors = tuple(p for p in processor._span_processors
                                                    if type(p) is not WaitingSpans)
+        for watched in list(_WATCHED):
+            for name in ("force_flush", "shutdown"):
+                vars(watched).pop(name, None)
+        _WATCHED.clear()
+
+
+def _flush_after_writing(processor: Any, write_waiting: Callable[[float | None], None],
+                         timeout_millis: int = 30000) -> bool:
+    write_waiting(timeout_millis / 1e3)
+    return bool(BatchSpanProcessor.force_flush(processor, timeout_millis))
+
+
+def _shut_down_after_writing(processor: Any, write_waiting: Callable[[float | None], None]) -> None:
+    write_waiting(None)
+    BatchSpanProcessor.shutdown(processor)  # type: ignore[no-untyped-call]
 
 
 _INSTALLED: list[Any] = []  # the multi-processors a WaitingSpans was put into
+_WATCHED: weakref.WeakSet[Any] = weakref.WeakSet()  # the batch processors watched
 
 
 class PendingSpan(trace.Span):

@@ -332,11 +332,13 @@ def test_under_a_batch_processor_the_spans_are_made_after_the_call_and_are_those
     otel_llm.uninstrument()
     started = time.time_ns()
     provider, processor, exporter, _ = _batched()
+    handed: list[ReadableSpan] = []
+    on_end = processor.on_end
+    processor.on_end = lambda span: handed.append(span) or on_end(span)  # type: ignore[method-assign]
     try:
         _calls()
         ended = time.time_ns()
-        processor.force_flush()  # the batch processor alone: it was handed nothing yet
-        assert exporter.get_finished_spans() == ()
+        assert handed == []
         provider.force_flush()
         spans = exporter.get_finished_spans()
     finally:
@@ -472,6 +474,21 @@ def test_a_span_sampled_out_is_not_written_and_propagates_as_not_sampled() -> No
     provider.force_flush()
     assert exporter.get_finished_spans() == ()
     assert int(seen[0][-2:], 16) & trace.TraceFlags.SAMPLED == 0
+
+
+@pytest.mark.parametrize("hand_over", ["force_flush", "shutdown"])
+def test_the_batch_processor_flushed_or_shut_down_itself_writes_what_waits_first(hand_over: str) -> None:
+    """An application may flush or shut down the processor it made rather than its provider: the spans that wait
+    for it are written first all the same. Uninstrumented, the processor is the SDK's own again."""
+    provider, processor, exporter, _ = _batched()
+    try:
+        _one_call()
+        getattr(processor, hand_over)()
+        assert len(exporter.get_finished_spans()) == 1
+    finally:
+        otel_llm.uninstrument()
+    assert "force_flush" not in vars(processor) and "shutdown" not in vars(processor)
+    provider.shutdown()
 
 
 def test_an_exemplar_links_to_the_span_written() -> None:
