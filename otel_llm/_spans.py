@@ -367,7 +367,7 @@ class PendingSpan(trace.Span):
     def is_recording(self) -> bool:
         if self._made is not None:
             return bool(self._made.is_recording())
-        return bool(self._decision()[2].decision.is_recording())
+        return self._written is None and bool(self._decision()[2].decision.is_recording())
 
     def end(self, end_time: int | None = None) -> None:
         self.make().end(end_time)

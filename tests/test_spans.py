@@ -385,6 +385,7 @@ def test_the_span_held_after_the_call_is_an_ended_one(caplog: pytest.LogCaptureF
         otel_llm.uninstrument()
     (written,) = exporter.get_finished_spans()
     (span,) = kept
+    assert not span.is_recording()
     with caplog.at_level(logging.WARNING):
         span.set_attribute("app.late", 1)
         span.end()
