@@ -154,7 +154,8 @@ def otel(instrument: Instrument) -> Captured:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "timing: compares clocks within milliseconds (every test using steady_clock "
-                                       "is one): scripts/test runs these alone, never beside another test run")
+                                       "is one): scripts/test runs these alone, never beside another test run, and "
+                                       "a failed comparison again, twice at most")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
