@@ -51,7 +51,14 @@ try:
     from opentelemetry.sdk.trace import Tracer as SdkTracer
     from opentelemetry.sdk.trace import _Span as _MadeSpan
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
-    from opentelemetry.sdk.trace.sampling import ParentBased, ParentBasedTraceIdRatio, StaticSampler, TraceIdRatioBased
+    from opentelemetry.sdk.trace.sampling import (
+        Decision,
+        ParentBased,
+        ParentBasedTraceIdRatio,
+        SamplingResult,
+        StaticSampler,
+        TraceIdRatioBased,
+    )
     from opentelemetry.sdk.util import BoundedList
 
     _direct = True
@@ -63,6 +70,9 @@ try:
     _later = "record_end_metrics" in inspect.signature(_MadeSpan.__init__).parameters and {
         "attributes", "events", "links", "status", "start_time", "end_time", "instrumentation_scope"
     } <= set(inspect.signature(ReadableSpan.__init__).parameters)
+    # the events or links of a written span that has none: a ReadableSpan only reads them (and hands out copies),
+    # and an ended SDK span refuses additions, so one empty list serves every span
+    _NONE: BoundedList[Any] = BoundedList(None)
     _TRACER_INTERNALS = ("sampler", "resource", "span_processor", "id_generator", "instrumentation_info",
                          "_span_limits", "_instrumentation_scope", "_tracer_metrics", "_is_enabled")
 except ImportError:  # another SDK: the public API only
@@ -276,7 +286,9 @@ class PendingSpan(trace.Span):
             else:
                 parent = None
                 trace_id, random_id = ids.generate_trace_id(), ids.is_trace_id_random()
-            result = tracer.sampler.should_sample(self._parent, trace_id, self._name, SpanKind.CLIENT, None, ())
+            result = _static_decision(tracer.sampler, parent)
+            if result is None:
+                result = tracer.sampler.should_sample(self._parent, trace_id, self._name, SpanKind.CLIENT, None, ())
             flags = TraceFlags.SAMPLED if result.decision.is_sampled() else TraceFlags.DEFAULT
             if random_id:
                 flags |= TraceFlags.RANDOM_TRACE_ID
@@ -344,13 +356,14 @@ class PendingSpan(trace.Span):
                     and _plain(attributes) and _put(store, attributes)):
                 return False
             store._immutable = True
-            events: BoundedList[Event] = BoundedList(limits.max_events)
+            events: BoundedList[Event] = _NONE
             if exception is not None:
+                events = BoundedList(limits.max_events)
                 events.append(Event("exception", BoundedAttributes(
                     limits.max_event_attributes, exception, max_value_len=limits.max_attribute_length,
                     immutable=True), end_time))
             span = ReadableSpan(name=self._name, context=context, parent=parent, resource=tracer.resource,
-                                attributes=store, events=events, links=BoundedList(limits.max_links),
+                                attributes=store, events=events, links=_NONE,
                                 kind=SpanKind.CLIENT, instrumentation_info=tracer.instrumentation_info,
                                 start_time=self._start_time, end_time=end_time,
                                 instrumentation_scope=tracer._instrumentation_scope,
@@ -403,6 +416,8 @@ class PendingSpan(trace.Span):
 
 # the processors end_written() hands spans to: their on_start and _on_ending do nothing
 _BATCHING: frozenset[type] = frozenset((BatchSpanProcessor, WaitingSpans)) if _direct else frozenset()
+# a static sampler's result for a span without a parent, one per decision: the same every time
+_ROOT_RESULTS: dict[Any, Any] = {decision: SamplingResult(decision) for decision in Decision} if _direct else {}
 _MAKING = threading.RLock()  # one SDK span per PendingSpan, made on the caller's thread or the writer's
 
 
@@ -419,6 +434,26 @@ def pending_span(tracer: Any, name: str, start_time: int,
 
 _PARENT_DELEGATES = ("_root", "_remote_parent_sampled", "_remote_parent_not_sampled", "_local_parent_sampled",
                      "_local_parent_not_sampled")
+
+
+def _static_decision(sampler: Any, parent: SpanContext | None) -> Any:
+    """What the SDK's static samplers decide (ALWAYS_ON, ALWAYS_OFF, and the default ParentBased over them), as they
+    would, without asking them: they look at nothing but the parent span's context (None: no valid parent). None for
+    any other sampler, which is asked."""
+    if type(sampler) is ParentBased:
+        if parent is None:
+            sampler = sampler._root
+        elif parent.is_remote:
+            sampled = parent.trace_flags.sampled
+            sampler = sampler._remote_parent_sampled if sampled else sampler._remote_parent_not_sampled
+        else:
+            sampled = parent.trace_flags.sampled
+            sampler = sampler._local_parent_sampled if sampled else sampler._local_parent_not_sampled
+    if type(sampler) is not StaticSampler:
+        return None
+    if parent is None:
+        return _ROOT_RESULTS.get(sampler._decision)
+    return SamplingResult(sampler._decision, None, parent.trace_state)
 
 
 def _blind(sampler: Any) -> bool:

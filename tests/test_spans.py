@@ -12,6 +12,7 @@ import openai
 import pytest
 import wire
 from conftest import Captured, Instrument, attributes, openai_server, sync_client
+from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.sdk import trace as sdk_trace
 from opentelemetry.sdk.metrics import MeterProvider
@@ -475,6 +476,62 @@ def test_a_span_sampled_out_is_not_written_and_propagates_as_not_sampled() -> No
     provider.force_flush()
     assert exporter.get_finished_spans() == ()
     assert int(seen[0][-2:], 16) & trace.TraceFlags.SAMPLED == 0
+
+
+_PARENTS = {  # the span contexts a call may run under, by what the SDK's parent-based sampler tells apart
+    "no parent": None,
+    **{f"{where} parent{'' if sampled else ' not'} sampled": trace.SpanContext(
+        0x5CE1, 0xB0D1 + 2 * (where == "remote") + sampled, is_remote=where == "remote",
+        trace_flags=trace.TraceFlags(sampled), trace_state=trace.TraceState([("vendor", f"{where}-{sampled}")]))
+       for where in ("remote", "local") for sampled in (1, 0)},
+}
+
+
+@pytest.mark.parametrize("sampler, written_under", [
+    (ALWAYS_ON, list(_PARENTS)),
+    (ALWAYS_OFF, []),
+    (ParentBased(ALWAYS_ON), ["no parent", "remote parent sampled", "local parent sampled"]),
+    (ParentBased(ALWAYS_OFF), ["remote parent sampled", "local parent sampled"]),
+    (ParentBased(ALWAYS_ON, remote_parent_sampled=ALWAYS_OFF, local_parent_not_sampled=ALWAYS_ON),
+     ["no parent", "local parent sampled", "local parent not sampled"]),
+], ids=["always on", "always off", "parent-based on", "parent-based off", "parent-based, delegates of its own"])
+def test_the_sdks_static_samplers_decide_under_every_parent_what_they_would_have_at_the_start(
+        sampler: Any, written_under: list[str]) -> None:
+    """Under a batch processor the SDK's static samplers are not asked (their decision rests on the parent alone):
+    what is written, and what the call propagates, are what the sampler gives a span made at the start."""
+    seen: dict[type, list[tuple[Any, ...]]] = {}
+    for processor in (SimpleSpanProcessor, BatchSpanProcessor):
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider(sampler=sampler)
+        provider.add_span_processor(processor(exporter))
+        otel_llm.instrument(tracer_provider=provider, meter_provider=MeterProvider())
+        propagated: list[tuple[str, str | None]] = []
+
+        def hook(request: Any, propagated: list[tuple[str, str | None]] = propagated) -> None:
+            carrier: dict[str, str] = {}
+            propagate.inject(carrier)
+            propagated.append((carrier["traceparent"][-2:], carrier.get("tracestate")))
+
+        try:
+            for parent in _PARENTS.values():
+                current = trace.set_span_in_context(trace.NonRecordingSpan(parent)) if parent else None
+                token = otel_context.attach(current) if current else None
+                try:
+                    _one_call(hook)
+                finally:
+                    if token is not None:
+                        otel_context.detach(token)
+        finally:
+            otel_llm.uninstrument()
+        provider.force_flush()
+        written = {span.parent.span_id if span.parent else None: span for span in exporter.get_finished_spans()}
+        seen[processor] = [
+            (name, *propagated[index]) + ((span.context.trace_flags, span.context.trace_state,
+                                           span.context.trace_id == (parent.trace_id if parent else None))
+                                          if (span := written.get(parent.span_id if parent else None)) else ())
+            for index, (name, parent) in enumerate(_PARENTS.items())]
+    assert seen[BatchSpanProcessor] == seen[SimpleSpanProcessor]
+    assert [name for name, *written in seen[BatchSpanProcessor] if len(written) > 2] == written_under
 
 
 @pytest.mark.parametrize("hand_over", ["force_flush", "shutdown"])
