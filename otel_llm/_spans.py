@@ -343,7 +343,7 @@ class PendingSpan(trace.Span):
         with _MAKING:
             processors = getattr(processor, "_span_processors", None)
             if (self._made is not None or not _direct or type(processor) is not SynchronousMultiSpanProcessor
-                    or not isinstance(processors, tuple) or not all(type(p) in _BATCHING for p in processors)):
+                    or not isinstance(processors, tuple) or not _BATCHING.issuperset(map(type, processors))):
                 return False
             context, parent, result = self._decision()
             if not result.decision.is_recording():
@@ -443,12 +443,12 @@ def _static_decision(sampler: Any, parent: SpanContext | None) -> Any:
     if type(sampler) is ParentBased:
         if parent is None:
             sampler = sampler._root
-        elif parent.is_remote:
-            sampled = parent.trace_flags.sampled
-            sampler = sampler._remote_parent_sampled if sampled else sampler._remote_parent_not_sampled
         else:
             sampled = parent.trace_flags.sampled
-            sampler = sampler._local_parent_sampled if sampled else sampler._local_parent_not_sampled
+            if parent.is_remote:
+                sampler = sampler._remote_parent_sampled if sampled else sampler._remote_parent_not_sampled
+            else:
+                sampler = sampler._local_parent_sampled if sampled else sampler._local_parent_not_sampled
     if type(sampler) is not StaticSampler:
         return None
     if parent is None:

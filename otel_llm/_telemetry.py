@@ -265,7 +265,7 @@ class Telemetry:
                   content: dict[str, str]) -> None:
         span = op.span
         end_epoch_ns = op.start_epoch_ns + (op.end_ns - op.start_ns)
-        if not span.is_recording():  # a PendingSpan: decided, not made
+        if not span.is_recording():  # sampled out (a PendingSpan's decision: nothing made until this end)
             span.end(end_time=end_epoch_ns)
             return
         request = op.request

@@ -487,6 +487,18 @@ _PARENTS = {  # the span contexts a call may run under, by what the SDK's parent
 }
 
 
+def _under_parent(name: str, parent: trace.SpanContext | None, sent: tuple[str, str | None],
+                  written: dict[int | None, ReadableSpan]) -> tuple[Any, ...]:
+    """What the call under that parent propagated, and of its span if written: flags, state, whether it kept the
+    parent's trace."""
+    span = written.get(parent.span_id if parent else None)
+    if span is None:
+        return (name, *sent)
+    context = span.get_span_context()
+    return (name, *sent, context.trace_flags, context.trace_state,
+            context.trace_id == (parent.trace_id if parent else None))
+
+
 @pytest.mark.parametrize("sampler, written_under", [
     (ALWAYS_ON, list(_PARENTS)),
     (ALWAYS_OFF, []),
@@ -525,11 +537,8 @@ def test_the_sdks_static_samplers_decide_under_every_parent_what_they_would_have
             otel_llm.uninstrument()
         provider.force_flush()
         written = {span.parent.span_id if span.parent else None: span for span in exporter.get_finished_spans()}
-        seen[processor] = [
-            (name, *propagated[index]) + ((span.context.trace_flags, span.context.trace_state,
-                                           span.context.trace_id == (parent.trace_id if parent else None))
-                                          if (span := written.get(parent.span_id if parent else None)) else ())
-            for index, (name, parent) in enumerate(_PARENTS.items())]
+        seen[processor] = [_under_parent(name, parent, sent, written)
+                           for (name, parent), sent in zip(_PARENTS.items(), propagated, strict=True)]
     assert seen[BatchSpanProcessor] == seen[SimpleSpanProcessor]
     assert [name for name, *written in seen[BatchSpanProcessor] if len(written) > 2] == written_under
 
