@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import os
 import threading
 import weakref
 from collections.abc import Callable, Mapping
@@ -419,6 +420,15 @@ _BATCHING: frozenset[type] = frozenset((BatchSpanProcessor, WaitingSpans)) if _d
 # a static sampler's result for a span without a parent, one per decision: the same every time
 _ROOT_RESULTS: dict[Any, Any] = {decision: SamplingResult(decision) for decision in Decision} if _direct else {}
 _MAKING = threading.RLock()  # one SDK span per PendingSpan, made on the caller's thread or the writer's
+
+
+def _renew_making() -> None:
+    """In a forked child: the writer thread may have held it at the fork, and it would stay held for good."""
+    global _MAKING
+    _MAKING = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_renew_making)
 
 
 def pending_span(tracer: Any, name: str, start_time: int,

@@ -624,10 +624,16 @@ def stop_later_writer() -> None:
 
 def _after_fork() -> None:
     """In a forked child: what waits is the parent's to write (the SDK's span processors drop their queues too), and
-    threads do not survive a fork, so a writer that ran needs a new one, with a fresh event."""
+    so are the operations still under way: the parent finishes its own streams, and a copy the child ended too (read
+    on, dropped, or left at its exit) would be a second span of the same call. Threads do not survive a fork, so a
+    writer that ran needs a new one, with a fresh event."""
     global _later_writer, _later_wake, _later_idle, _later_lock, _LATEST_LOCK
     _LATER.clear()
     _DEFERRED.clear()
+    for telemetry in list(_TELEMETRIES):
+        for op in telemetry._pending.values():
+            op.finished = True  # its proxies in the child's memory leave it alone (see Operation.close)
+        telemetry._pending.clear()
     _later_lock = threading.Lock()  # another thread may have held it at the fork
     _LATEST_LOCK = threading.RLock()
     if _later_writer is not None:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import copy
 import gc
+import os
 import re
 import subprocess
 import sys
@@ -372,6 +373,86 @@ def test_a_forked_child_does_not_write_what_its_parent_left_waiting() -> None:
                             cwd=Path(__file__).parent)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["True", sc.ERROR_ABANDONED]  # once, by the parent
+
+
+def test_a_forked_child_leaves_its_parents_streams_to_the_parent() -> None:
+    """A stream under way at the fork is the parent's: the child's copy, read on, dropped or left at its exit, is
+    no second span of the same call."""
+    program = ABANDON + textwrap.dedent("""
+        http, _ = wire.mock_client([wire.Reply.stream(wire.chat_stream(["a", "b", "c"]))])
+        client = openai.OpenAI(api_key="k", http_client=http, max_retries=0)
+        stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                                stream=True)
+        next(stream)
+        child = os.fork()
+        if child == 0:
+            if sys.argv[1] == "read on":
+                list(stream)
+            elif sys.argv[1] == "dropped":
+                del stream
+                gc.collect()
+            sys.exit(0)  # the exit ends what is still held unfinished (Telemetry.finish_pending)
+        os.waitpid(child, 0)
+        list(stream)
+    """)
+    for child in ("read on", "dropped", "left at exit"):
+        result = subprocess.run([sys.executable, "-c", program, child], capture_output=True, text=True, timeout=60,
+                                cwd=Path(__file__).parent)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split() == ["True", "None"], child  # once, by the parent, as it ended there
+
+
+BATCHED = textwrap.dedent("""
+    import os, sys, threading
+    import openai, wire
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    import otel_llm
+    from otel_llm import _spans
+
+    class Printing(SpanExporter):
+        def export(self, spans):
+            for span in spans:
+                print(span.name, flush=True)
+            return SpanExportResult.SUCCESS
+
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(BatchSpanProcessor(Printing()))
+    otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=MeterProvider())
+
+    def call():
+        http, _ = wire.mock_client([wire.Reply.json(wire.chat_completion_body("hi"))])
+        openai.OpenAI(api_key="k", http_client=http, max_retries=0).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}])
+""")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_forked_child_writes_its_spans_though_the_writer_was_making_one_at_the_fork() -> None:
+    """The writer thread holds the lock that makes spans one at a time while it writes: a child forked then must not
+    inherit it held, or its first span (at the latest, at its exit) would wait for good."""
+    program = BATCHED + textwrap.dedent("""
+        holding, release = threading.Event(), threading.Event()
+
+        def hold():
+            with _spans._MAKING:
+                holding.set()
+                release.wait(5)
+
+        threading.Thread(target=hold).start()
+        holding.wait(5)
+        child = os.fork()
+        if child == 0:
+            call()
+            sys.exit(0)
+        release.set()
+        os.waitpid(child, 0)
+    """)
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=30,
+                            cwd=Path(__file__).parent)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["chat", "m"]  # the child's span: "chat m"
 
 
 def writers() -> list[threading.Thread]:
