@@ -16,13 +16,14 @@ paths give identical spans.
   written right after, directly, before anything else can see the span (so without its locks: no other thread holds
   it yet). (A processor another thread adds while a span starts may see that one start without them; the SDK
   promises such a processor no start at all.)
-- LATER, where those processors are all the SDK's ``BatchSpanProcessor`` (which exports seconds later anyway): no
-  SDK span is made at the start. A ``PendingSpan`` stands in while the call runs, and when the operation is
-  written, in batches off the caller's thread (see ``_telemetry``), the batch processors are handed the
-  ``ReadableSpan`` the span's end would have given them, with the call's start and end times, and no SDK span is
-  made at all: made and ended between milliseconds of client work, one span costs 3-6x what it costs next to
-  others, and most of what it costs is the span itself. (The rare call whose span the application touches while it
-  runs has it made there and then, and so does a span whose processors are no longer all batch ones.) A
+- LATER, where those processors are all the SDK's ``BatchSpanProcessor`` (which exports seconds later anyway), its
+  ids are the SDK's random ones and the SDK counts no spans of its own (so when ids are made and spans counted
+  cannot be seen): no SDK span is made at the start. A ``PendingSpan`` stands in while the call runs, and when the
+  operation is written, in batches off the caller's thread (see ``_telemetry``), the processors of its start are
+  handed the ``ReadableSpan`` the span's end would have given them, with the call's start and end times, and no SDK
+  span is made at all: made and ended between milliseconds of client work, one span costs 3-6x what it costs next
+  to others, and most of what it costs is the span itself. (The rare call whose span the application touches while
+  it runs has it made there and then, and so does a span whose provider's processors changed during its call.) A
   ``WaitingSpans`` processor, first in the provider's list, has the waiting operations written when the provider is
   flushed or shut down, before the batch processor exports.
 """
@@ -34,6 +35,7 @@ import inspect
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -52,6 +54,7 @@ try:
     from opentelemetry.sdk.trace import Tracer as SdkTracer
     from opentelemetry.sdk.trace import _Span as _MadeSpan
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
     from opentelemetry.sdk.trace.sampling import (
         Decision,
         ParentBased,
@@ -68,9 +71,8 @@ try:
     _PARENT_SAMPLERS: frozenset[type] = frozenset((ParentBased, ParentBasedTraceIdRatio))
     _QUIET_PROCESSORS: frozenset[type] = frozenset((BatchSpanProcessor, SimpleSpanProcessor))
     # what PendingSpan does as the SDK's Tracer.start_span does, with the internals it reads
-    _later = "record_end_metrics" in inspect.signature(_MadeSpan.__init__).parameters and {
-        "attributes", "events", "links", "status", "start_time", "end_time", "instrumentation_scope"
-    } <= set(inspect.signature(ReadableSpan.__init__).parameters)
+    _later = {"attributes", "events", "links", "status", "start_time", "end_time", "instrumentation_scope"} <= set(
+        inspect.signature(ReadableSpan.__init__).parameters)
     # the events or links of a written span that has none: a ReadableSpan only reads them (and hands out copies),
     # and an ended SDK span refuses additions, so one empty list serves every span
     _NONE: BoundedList[Any] = BoundedList(None)
@@ -154,7 +156,11 @@ class SpanStart:
         processor = getattr(tracer, "span_processor", None)
         blind = _direct and type(tracer) is SdkTracer and _blind(getattr(tracer, "sampler", None))
         self._processor = processor if blind and type(processor) is SynchronousMultiSpanProcessor else None
-        later = _later and all(hasattr(tracer, name) for name in _TRACER_INTERNALS)
+        # Later only where when a span's ids are made and when it is counted cannot be seen: the SDK's random ids
+        # (a custom generator may take the time, as AWS X-Ray's does, or count) and no span metrics of the SDK's own
+        # (OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED counts live spans while they run)
+        later = _later and all(hasattr(tracer, name) for name in _TRACER_INTERNALS) \
+            and type(tracer.id_generator) is RandomIdGenerator and type(tracer._tracer_metrics) is _NoOpTracerMetrics
         self._write_waiting = write_waiting if later else None
         self._seen: object = None
         self._mode = LOUD
@@ -254,28 +260,37 @@ _WATCHED: weakref.WeakSet[Any] = weakref.WeakSet()  # the batch processors watch
 
 class PendingSpan(trace.Span):
     """An operation's span while its SDK span waits to be made, current while the call runs. What the tracer
-    decides at a span's start (its ids, the sampler's decision, the SDK's own span metrics) is decided the first
-    time it is asked for (the span context: a child span, a propagated header, an exemplar) or when the span is
-    made: the samplers that let a span wait decide on its parent and trace id alone, so the answer is the one its
-    start would have given. Anything else done with it (attributes, events, status, ending it, reading its fields)
-    makes the SDK span there and then, as the tracer would have made it at the start, and that span takes it: the
-    rare call whose span is touched while it runs pays what every call paid before."""
+    decides at a span's start (its ids, the sampler's decision) is decided the first time it is asked for (the span
+    context: a child span, a propagated header, an exemplar) or when the span is made: the samplers and the id
+    generator that let a span wait decide on its parent and random ids alone, so the answer is the one its start
+    would have given. Anything else done with it while the call runs (attributes, events, status, ending it, reading
+    its fields) makes the SDK span there and then, as the tracer would have made it at the start, and that span takes
+    it: the rare call whose span is touched while it runs pays what every call paid before. Once the operation has
+    finished, the span is an ended one: touched while it waits to be written, it is written there and then, and
+    what is done with it is done to the span as it ended (warnings and all, as the SDK's)."""
 
-    __slots__ = ("_decided", "_end_metrics", "_made", "_name", "_parent", "_start_attributes", "_start_time",
-                 "_tracer", "_written")
+    __slots__ = ("_decided", "_made", "_name", "_parent", "_processors", "_start_attributes", "_start_time",
+                 "_tracer", "_waited", "_waiting", "_write_one", "_writer", "_written")
 
     def __init__(self, tracer: Any, name: str, parent: Context, start_time: int,
-                 start_attributes: Callable[[], Mapping[str, Any]]) -> None:
+                 start_attributes: Callable[[], Mapping[str, Any]], processors: tuple[Any, ...],
+                 write_one: Callable[[object], None]) -> None:
         self._tracer = tracer
         self._name = name
         self._parent = parent  # the context current at the start
         self._start_time = start_time
         self._start_attributes = start_attributes  # what it starts with, made when wanted
+        # the provider's span processors at the start: the batch ones its end is handed to (see waits())
+        self._processors = processors
         # (span context, parent span context, sampling result): the first one made
         self._decided: list[tuple[SpanContext, SpanContext | None, Any]] = []
-        self._end_metrics: Callable[[], None] | None = None
         self._made: Any = None
         self._written: ReadableSpan | None = None  # what end_written() handed the processors
+        # None until the finish; then what waits to be written (see waits()), _WRITING, _WRITTEN
+        self._waiting: object = None
+        self._waited = False  # it waited to be written: its end was at the finish, with the processors of its start
+        self._write_one = write_one  # writes what waited, claimed (see claim())
+        self._writer = 0  # the thread that claimed it
 
     def _decision(self) -> tuple[SpanContext, SpanContext | None, Any]:
         """What ``Tracer.start_span`` decides. Two threads asking at once each decide, and both take the first."""
@@ -296,19 +311,43 @@ class PendingSpan(trace.Span):
             context = SpanContext(trace_id, ids.generate_span_id(), is_remote=False, trace_flags=TraceFlags(flags),
                                   trace_state=result.trace_state)
             self._decided.append((context, parent, result))
-            # the span is counted once, where it started (as the SDK counts it), where the SDK counts spans at all
-            if self._decided[0][0] is context and type(tracer._tracer_metrics) is not _NoOpTracerMetrics:
-                token = otel_context.attach(self._parent)
-                try:
-                    self._end_metrics = tracer._tracer_metrics.start_span(parent, result.decision)
-                finally:
-                    otel_context.detach(token)
         return self._decided[0]
+
+    def waits(self, waiting: object) -> bool:
+        """The operation finished: its span may wait to be written (as ``waiting``, what ``write_one`` takes) if it
+        was not made and the provider's processors are still those of its start (batch ones, which export later
+        anyway). Otherwise it is written at once: a processor added during the call sees its end (not its start),
+        as the SDK's would, and a processor added after the finish does not see it."""
+        if self._made is not None or getattr(self._tracer.span_processor, "_span_processors", None) \
+                is not self._processors:
+            return False
+        self._waiting, self._waited = waiting, True
+        return True
+
+    def claim(self) -> bool:
+        """For a thread about to write the operation: False where another thread is writing it or has, so it is
+        written once; else True, and a thread that touches the span meanwhile waits for this write."""
+        return self._claim() is not _WRITING
+
+    def _claim(self) -> object:
+        """What waited to be written (None if nothing did), now being written by this thread; or _WRITING where
+        another thread is writing it or has."""
+        with _MAKING:
+            waiting = self._waiting
+            if waiting is _WRITING or waiting is _WRITTEN:
+                return _WRITING
+            self._waiting, self._writer = _WRITING, threading.get_ident()
+            return waiting
+
+    def written(self) -> None:
+        self._waiting = _WRITTEN
 
     def make(self) -> Any:
         """The SDK span, made once: started at its start time with its first attributes, as the tracer would have
         started it then (a span that records nothing where the sampler records none). Once ``end_written()`` has
-        written it, the SDK span as it ended, which the processors are not told of again."""
+        written it, the SDK span as it ended, which the processors are not told of again. Its start is not told to
+        any processor: those of its start are batch ones, which do nothing there, and one added since never hears
+        of the start of a span that started before it (as with the SDK)."""
         with _MAKING:
             if self._made is None:
                 context, parent, result = self._decision()
@@ -320,31 +359,45 @@ class PendingSpan(trace.Span):
                                      resource=tracer.resource, attributes=result.attributes,
                                      span_processor=tracer.span_processor, kind=SpanKind.CLIENT, links=(),
                                      instrumentation_info=tracer.instrumentation_info, limits=tracer._span_limits,
-                                     instrumentation_scope=tracer._instrumentation_scope,
-                                     record_end_metrics=self._end_metrics)
+                                     instrumentation_scope=tracer._instrumentation_scope)
                     written = self._written
                     if written is not None:  # as end() left it: what is done with it now warns, as the SDK does
                         span._start_time, span._end_time, span._status = (
                             written.start_time, written.end_time, written.status)
                         span._attributes, span._events = written._attributes, written._events
                     else:
-                        span.start(start_time=self._start_time, parent_context=self._parent)
+                        span._start_time = self._start_time
                         set_attributes(span, self._start_attributes(), quiet_start=True)
                     self._made = span
             return self._made
 
+    def _touched(self) -> Any:
+        """The SDK span, for what the application does with the span: once the operation has finished, the span as
+        it ended, written here first if it still waits (or, being written on another thread, once it is)."""
+        if self._waiting is not None:  # finished
+            waiting = self._claim()
+            if waiting is _WRITING:
+                if self._writer != threading.get_ident():  # another thread's write, not this one's own
+                    deadline = time.monotonic() + _TOUCH_WAIT_S
+                    while self._waiting is _WRITING and time.monotonic() < deadline:
+                        time.sleep(0.001)
+            elif waiting is not None:
+                self._write_one(waiting)
+        return self.make()
+
     def end_written(self, attributes: Mapping[str, Any], status: Status | None, exception: Mapping[str, Any] | None,
                     end_time: int) -> bool:
         """End the span with the finish's attributes, status and exception event, where nothing made it yet and
-        its provider's processors are all batch ones: the ``ReadableSpan`` the SDK span would hand them at its
-        end, built and handed to them without the span (its locks, its start, the copies its end makes: most of
-        what a span costs). False, having done nothing, where that cannot be: the caller then makes the span."""
+        the processors of its start are batch ones, still there (or, for a span that waited, there at its finish):
+        the ``ReadableSpan`` the SDK span would hand them at its end, built and handed to them without the span (its
+        locks, its start, the copies its end makes: most of what a span costs). False, having done nothing, where
+        that cannot be: the caller then makes the span."""
         tracer = self._tracer
-        processor = tracer.span_processor
+        processors = self._processors
         with _MAKING:
-            processors = getattr(processor, "_span_processors", None)
-            if (self._made is not None or not _direct or type(processor) is not SynchronousMultiSpanProcessor
-                    or not isinstance(processors, tuple) or not _BATCHING.issuperset(map(type, processors))):
+            if (self._made is not None or not _direct or not _BATCHING.issuperset(map(type, processors))
+                    or (not self._waited
+                        and getattr(tracer.span_processor, "_span_processors", None) is not processors)):
                 return False
             context, parent, result = self._decision()
             if not result.decision.is_recording():
@@ -370,49 +423,58 @@ class PendingSpan(trace.Span):
                                 instrumentation_scope=tracer._instrumentation_scope,
                                 **({} if status is None else {"status": status}))
             self._written = span
-        if self._end_metrics is not None:
-            self._end_metrics()
-        processor.on_end(span)
+        for processor in processors:  # what the multi-processor's on_end does, with those of the start
+            processor.on_end(span)
         return True
 
     def get_span_context(self) -> SpanContext:
         return self._decision()[0]
 
-    def is_recording(self) -> bool:
+    def recording(self) -> bool:
+        """Whether the span records, for the writer: sampled, and not written yet."""
         if self._made is not None:
             return bool(self._made.is_recording())
         return self._written is None and bool(self._decision()[2].decision.is_recording())
 
+    def is_recording(self) -> bool:
+        return self._waiting is None and self.recording()  # a finished (ended) span records nothing
+
     def end(self, end_time: int | None = None) -> None:
-        self.make().end(end_time)
+        self._touched().end(end_time)
 
     def set_attributes(self, attributes: Mapping[str, Any]) -> None:
-        self.make().set_attributes(attributes)
+        self._touched().set_attributes(attributes)
 
     def set_attribute(self, key: str, value: Any) -> None:
-        self.make().set_attribute(key, value)
+        self._touched().set_attribute(key, value)
 
     def add_event(self, name: str, attributes: Any = None, timestamp: int | None = None) -> None:
-        self.make().add_event(name, attributes, timestamp)
+        self._touched().add_event(name, attributes, timestamp)
 
     def add_link(self, context: SpanContext, attributes: Any = None) -> None:
-        self.make().add_link(context, attributes)
+        self._touched().add_link(context, attributes)
 
     def update_name(self, name: str) -> None:
-        self.make().update_name(name)
+        self._touched().update_name(name)
 
     def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
-        self.make().set_status(status, description)
+        self._touched().set_status(status, description)
 
     def record_exception(self, exception: BaseException, attributes: Any = None, timestamp: int | None = None,
                          escaped: bool = False) -> None:
-        self.make().record_exception(exception, attributes, timestamp, escaped)
+        self._touched().record_exception(exception, attributes, timestamp, escaped)
 
     def __getattr__(self, name: str) -> Any:
         """The SDK span's other fields (``attributes``, ``start_time``, ``parent``, ``to_json()``, ...)."""
         if name.startswith("_"):
             raise AttributeError(name)
-        return getattr(self.make(), name)
+        return getattr(self._touched(), name)
+
+
+_WRITING, _WRITTEN = object(), object()  # PendingSpan._waiting while what waited is being written, and after
+# how long a thread that touches a span being written on another thread waits for it at most (the write takes
+# microseconds; a writer that fails to write it leaves the span as it was at the start, made there)
+_TOUCH_WAIT_S = 1.0
 
 
 # the processors end_written() hands spans to: their on_start and _on_ending do nothing
@@ -431,15 +493,16 @@ def _renew_making() -> None:
 os.register_at_fork(after_in_child=_renew_making)
 
 
-def pending_span(tracer: Any, name: str, start_time: int,
-                 start_attributes: Callable[[], Mapping[str, Any]]) -> trace.Span:
+def pending_span(tracer: Any, name: str, start_time: int, start_attributes: Callable[[], Mapping[str, Any]],
+                 write_one: Callable[[object], None]) -> trace.Span:
     """What ``tracer.start_span(name, kind=CLIENT, attributes=start_attributes(), start_time=start_time)`` gives,
     its SDK span made later: a PendingSpan, or where the tracer is disabled the current span's context in a span
-    that records nothing."""
+    that records nothing. ``write_one(waiting)`` writes what ``PendingSpan.waits()`` was given, once claimed."""
     current = otel_context.get_current()
     if not tracer._is_enabled():
         return trace.NonRecordingSpan(trace.get_current_span(current).get_span_context())
-    return PendingSpan(tracer, name, current, start_time, start_attributes)
+    return PendingSpan(tracer, name, current, start_time, start_attributes, tracer.span_processor._span_processors,
+                       write_one)
 
 
 _PARENT_DELEGATES = ("_root", "_remote_parent_sampled", "_remote_parent_not_sampled", "_local_parent_sampled",

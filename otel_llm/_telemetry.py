@@ -19,7 +19,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
@@ -126,7 +126,8 @@ class Telemetry:
         start_epoch_ns = time.time_ns()
         try:
             if start == LATER and _later_writer is not None:
-                span = pending_span(self._tracer, name, start_epoch_ns, functools.partial(_identity, request))
+                span = pending_span(self._tracer, name, start_epoch_ns, functools.partial(_identity, request),
+                                    _write_claimed)
             else:
                 attributes = _identity(request)
                 quiet = start == QUIET  # nothing at the start reads them: written just after, without the cleaning
@@ -176,8 +177,9 @@ class Telemetry:
         if isinstance(error, BaseException):
             failure = self._failure(op, error)
         in_collector = _collector is not None and _collector == threading.get_ident()
-        if type(op.span) is PendingSpan and _later_writer is not None:
-            _DEFERRED.append((self, op if sealed else op.snapshot(), failure))
+        if type(op.span) is PendingSpan and _later_writer is not None and op.span.waits(
+                waiting := (self, op if sealed else op.snapshot(), failure)):
+            _DEFERRED.append(waiting)
             if WRITE_BATCH is not None and len(_DEFERRED) >= WRITE_BATCH and not in_collector:
                 if len(_DEFERRED) >= MAX_WAITING:  # the writer thread falls behind (threads busy with the GIL)
                     write_later(_DEFERRED, WRITE_BATCH)
@@ -234,6 +236,20 @@ class Telemetry:
         return True
 
     def _write(self, op: Operation, failure: dict[str, str] | None) -> None:
+        """Write the operation; one whose span waited is written once, by the first thread to claim it (the writer,
+        or the application touching its span meanwhile: ``PendingSpan``)."""
+        span = op.span
+        if type(span) is not PendingSpan:
+            self._write_out(op, failure)
+            return
+        if not span.claim():
+            return
+        try:
+            self._write_out(op, failure)
+        finally:
+            span.written()
+
+    def _write_out(self, op: Operation, failure: dict[str, str] | None) -> None:
         """Span, metrics and event each on their own: a span processor that raises must not cost the histograms.
         Content (opt-in) is written as JSON once, for the span and the event alike."""
         # a server's id or model that is not text is left out: as a metric attribute a list would cost every point
@@ -265,7 +281,10 @@ class Telemetry:
                   content: dict[str, str]) -> None:
         span = op.span
         end_epoch_ns = op.start_epoch_ns + (op.end_ns - op.start_ns)
-        if not span.is_recording():  # sampled out (a PendingSpan's decision: nothing made until this end)
+        if type(span) is PendingSpan:
+            if not span.recording():  # sampled out: nothing was made, so nothing ends
+                return
+        elif not span.is_recording():  # sampled out
             span.end(end_time=end_epoch_ns)
             return
         request = op.request
@@ -540,6 +559,15 @@ def write_later(waiting: deque[_Waiting] = _LATER, limit: int | None = None) -> 
         except IndexError:  # another thread took the last
             return
         telemetry._write(op, failure)
+
+
+def _write_claimed(waiting: object) -> None:
+    """What waited to be written, claimed by the thread that touched its span (``PendingSpan.claim``)."""
+    telemetry, op, failure = cast("_Waiting", waiting)
+    try:
+        telemetry._write_out(op, failure)
+    finally:
+        op.span.written()
 
 
 def write_all() -> None:

@@ -4,6 +4,8 @@ made after their calls under a batch processor; each falls back to the public AP
 from __future__ import annotations
 
 import logging
+import random
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -371,9 +373,12 @@ def test_the_writer_hands_the_batch_processor_what_a_span_would_without_making_o
 
 @pytest.mark.parametrize("processor", [SimpleSpanProcessor, BatchSpanProcessor],
                          ids=["made at the start", "written without an SDK span"])
-def test_the_span_held_after_the_call_is_an_ended_one(caplog: pytest.LogCaptureFixture, processor: type) -> None:
-    """An application that kept the current span reads what was written, and what it does with it afterwards
-    is refused with the SDK's warning, as for any ended span."""
+@pytest.mark.parametrize("when", ["as it waits to be written", "once written"])
+def test_the_span_held_after_the_call_is_an_ended_one(caplog: pytest.LogCaptureFixture, processor: type,
+                                                        when: str) -> None:
+    """An application that kept the current span (from an HTTP hook) holds an ended span once the call returns,
+    whether or not it has been written yet: it reads what is written, and what it does with it afterwards is
+    refused with the SDK's warning. A stray end() changes nothing of what was written."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(processor(exporter))
@@ -381,21 +386,27 @@ def test_the_span_held_after_the_call_is_an_ended_one(caplog: pytest.LogCaptureF
     kept: list[Any] = []
     try:
         _one_call(lambda request: kept.append(trace.get_current_span()))
+        returned = time.time_ns()
+        if when == "once written":
+            provider.force_flush()
+        (span,) = kept
+        assert not span.is_recording()
+        with caplog.at_level(logging.WARNING):
+            span.set_attribute("app.late", 1)
+            span.add_event("app.late")
+            span.end()
+            read = (span.is_recording(), span.start_time, span.end_time, dict(span.attributes), span.status)
         provider.force_flush()
     finally:
         otel_llm.uninstrument()
+    assert [record.getMessage() for record in caplog.records] == [
+        "Setting attribute on ended span.", "Tried calling _add_event on an ended span.",
+        "Calling end() on an ended span."]
     (written,) = exporter.get_finished_spans()
-    (span,) = kept
-    assert not span.is_recording()
-    with caplog.at_level(logging.WARNING):
-        span.set_attribute("app.late", 1)
-        span.end()
-    assert ["Setting attribute on ended span.", "Calling end() on an ended span."] == [
-        record.getMessage() for record in caplog.records]
-    assert (span.is_recording(), span.start_time, span.end_time, dict(span.attributes), span.status) == (
-        False, written.start_time, written.end_time, dict(written.attributes or {}), written.status)
-    provider.force_flush()
-    assert len(exporter.get_finished_spans()) == 1
+    assert read == (False, written.start_time, written.end_time, dict(written.attributes or {}), written.status)
+    assert written.end_time is not None and written.end_time < returned
+    assert written.events == () and "app.late" not in (written.attributes or {})
+    assert attributes(written)[sc.RESPONSE_ID] and attributes(written)[sc.USAGE_OUTPUT_TOKENS] == 1
 
 
 def test_the_span_current_during_the_call_is_the_one_written() -> None:
@@ -425,28 +436,21 @@ def test_the_span_current_during_the_call_is_the_one_written() -> None:
     assert traceparent == f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
 
 
-class _Ids(RandomIdGenerator):
-    """Trace ids in a known order, so that two runs put the same ids before a ratio sampler."""
-
-    def __init__(self) -> None:
-        self._next = iter(range(1, 1000))
-
-    def generate_trace_id(self) -> int:
-        step = next(self._next)  # the ratio samplers look at the low 64 bits: spread over them
-        return (step << 64) | (step * 0x9E3779B97F4A7C15 % (1 << 64))
-
-
 @pytest.mark.parametrize("sampler", [TraceIdRatioBased(0.5), ParentBased(TraceIdRatioBased(0.5))],
                          ids=["ratio", "parent-based ratio"])
 def test_the_sampler_decides_what_it_would_have_at_the_start(sampler: Any) -> None:
+    """The same random ids (the SDK's generator, seeded alike in both runs) give the same decisions."""
     kept: dict[type, list[int]] = {}
+    current: list[type] = []
     for processor in (SimpleSpanProcessor, BatchSpanProcessor):
         exporter = InMemorySpanExporter()
-        provider = TracerProvider(sampler=sampler, id_generator=_Ids())
+        provider = TracerProvider(sampler=sampler)
         provider.add_span_processor(processor(exporter))
         otel_llm.instrument(tracer_provider=provider, meter_provider=MeterProvider())
+        random.seed(2)
         try:
             client, _ = sync_client(openai_server(tokens=["a"], usage=wire.Usage(input=3, output=1)))
+            client._client.event_hooks = {"request": [lambda request: current.append(type(trace.get_current_span()))]}
             for _ in range(16):
                 client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
         finally:
@@ -455,6 +459,40 @@ def test_the_sampler_decides_what_it_would_have_at_the_start(sampler: Any) -> No
         kept[processor] = [span.context.trace_id for span in exporter.get_finished_spans()]  # type: ignore[union-attr]
     assert 0 < len(kept[BatchSpanProcessor]) < 16
     assert kept[BatchSpanProcessor] == kept[SimpleSpanProcessor]
+    assert set(current[16:]) == {_spans.PendingSpan}  # the batch run's spans were made after their calls
+
+
+class _Counting(RandomIdGenerator):
+    """Ids in the order they are asked for, as some tests' generators give them; or AWS X-Ray's, whose trace id
+    holds the time it was made: when a generator of the application's own is asked matters."""
+
+    def __init__(self) -> None:
+        self._next = iter(range(1, 1000))
+
+    def generate_trace_id(self) -> int:
+        return next(self._next)
+
+    def generate_span_id(self) -> int:
+        return next(self._next)
+
+
+def test_ids_of_a_generator_of_the_applications_own_are_made_at_the_start() -> None:
+    made: dict[type, list[tuple[str, int, int]]] = {}
+    for processor in (SimpleSpanProcessor, BatchSpanProcessor):
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider(id_generator=_Counting())
+        provider.add_span_processor(processor(exporter))
+        otel_llm.instrument(tracer_provider=provider, meter_provider=MeterProvider())
+        try:
+            _one_call()
+            with provider.get_tracer("app").start_as_current_span("next"):
+                pass
+        finally:
+            otel_llm.uninstrument()
+        provider.force_flush()
+        made[processor] = sorted((span.name, span.context.trace_id, span.context.span_id)  # type: ignore[union-attr]
+                                 for span in exporter.get_finished_spans())
+    assert made[BatchSpanProcessor] == made[SimpleSpanProcessor] == [("chat m", 1, 2), ("next", 3, 4)]
 
 
 def test_a_span_sampled_out_is_not_written_and_propagates_as_not_sampled() -> None:
@@ -644,8 +682,9 @@ def _sdk_span_counts(reader: InMemoryMetricReader) -> list[tuple[str, Any, Any]]
                          ids=["sampled", "recorded only", "sampled out"])
 def test_the_sdks_own_span_metrics_count_as_at_the_start(monkeypatch: pytest.MonkeyPatch, sampler: Any) -> None:
     """With OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED the SDK counts spans started and live, recording with the
-    context current at the start (its exemplar filter looks at the current span). A span context asked for while
-    the call runs (a propagated header), and a call that fails, are the application's as before."""
+    context current at the start (its exemplar filter looks at the current span): a span is live while its call
+    runs. A span context asked for while the call runs (a propagated header), and a call that fails, are the
+    application's as before."""
     monkeypatch.setenv("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED", "true")
     counts: dict[type, list[Any]] = {}
     for processor in (SimpleSpanProcessor, BatchSpanProcessor):
@@ -654,20 +693,98 @@ def test_the_sdks_own_span_metrics_count_as_at_the_start(monkeypatch: pytest.Mon
         provider = TracerProvider(sampler=sampler, meter_provider=MeterProvider(metric_readers=[sdk_reader]))
         provider.add_span_processor(processor(exporter))
         otel_llm.instrument(tracer_provider=provider, meter_provider=MeterProvider())
+        during: list[Any] = []
+
+        def hook(request: Any, during: list[Any] = during, sdk_reader: InMemoryMetricReader = sdk_reader) -> None:
+            during.append(_sdk_span_counts(sdk_reader))
+            propagate.inject({})
+
         try:
             client, _ = sync_client([
                 wire.Reply.json(wire.chat_completion_body("hi", usage=wire.Usage(input=3, output=1))),
                 wire.Reply.rate_limited()])
-            client._client.event_hooks = {"request": [lambda request: propagate.inject({})]}
+            client._client.event_hooks = {"request": [hook]}
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
             with pytest.raises(openai.RateLimitError):
                 client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
         finally:
             otel_llm.uninstrument()
         provider.force_flush()
-        counts[processor] = [_sdk_span_counts(sdk_reader), [_written(span) for span in exporter.get_finished_spans()]]
+        counts[processor] = [during, _sdk_span_counts(sdk_reader),
+                             [_written(span) for span in exporter.get_finished_spans()]]
     assert counts[BatchSpanProcessor] == counts[SimpleSpanProcessor]
-    assert counts[BatchSpanProcessor][0]  # counted
+    assert counts[BatchSpanProcessor][0][0]  # counted during the call
+
+
+def test_spans_touched_while_the_writer_thread_writes_them_are_written_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer thread and an application thread touching a span that waits race to write it: one does."""
+    monkeypatch.setattr(_telemetry, "LATER_WAIT_S", 0.001)
+    provider, _, exporter, _ = _batched()
+    kept: list[Any] = []
+    done = threading.Event()
+
+    def touch() -> None:
+        while not done.is_set() or kept:
+            if kept:
+                kept.pop().set_attribute("app.late", 1)
+
+    toucher = threading.Thread(target=touch)
+    toucher.start()
+    try:
+        client, _ = sync_client(openai_server(tokens=["a"], usage=wire.Usage(input=3, output=1)))
+        current: list[Any] = []
+        client._client.event_hooks = {"request": [lambda request: current.append(trace.get_current_span())]}
+        for _ in range(200):
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+            kept.append(current.pop())  # touched once the call has returned: an ended span
+    finally:
+        done.set()
+        toucher.join()
+        otel_llm.uninstrument()
+    provider.force_flush()
+    spans = exporter.get_finished_spans()
+    assert len(spans) == len({span.context.span_id for span in spans}) == 200  # type: ignore[union-attr]
+    assert not any("app.late" in (span.attributes or {}) for span in spans)
+
+
+class _Recording(SpanProcessor):
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.ended: list[str] = []
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        self.started.append(span.name)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self.ended.append(span.name)
+
+
+def test_a_processor_added_later_sees_the_ends_of_spans_that_end_after_it_came_only() -> None:
+    """As with the SDK's spans: a processor added while a stream is read sees its end, not its start; a call that
+    finished before (its span may still wait to be written) it never sees."""
+    seen: dict[type, tuple[Any, ...]] = {}
+    for processor in (SimpleSpanProcessor, BatchSpanProcessor):
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(processor(exporter))
+        otel_llm.instrument(tracer_provider=provider, meter_provider=MeterProvider())
+        added = _Recording()
+        try:
+            client, _ = sync_client([
+                wire.Reply.json(wire.chat_completion_body("hi", usage=wire.Usage(input=3, output=1))),
+                wire.Reply.stream(wire.chat_stream(["a", "b"], usage=wire.Usage(input=3, output=2)))])
+            client.chat.completions.create(model="before", messages=[{"role": "user", "content": "hi"}])
+            stream = client.chat.completions.create(model="streamed", messages=[{"role": "user", "content": "hi"}],
+                                                    stream=True)
+            next(stream)
+            provider.add_span_processor(added)
+            list(stream)
+        finally:
+            otel_llm.uninstrument()
+        provider.force_flush()
+        seen[processor] = (added.started, added.ended, sorted(span.name for span in exporter.get_finished_spans()))
+    assert seen[BatchSpanProcessor] == seen[SimpleSpanProcessor] == (
+        [], ["chat streamed"], ["chat before", "chat streamed"])
 
 
 def test_the_application_touching_the_span_during_the_call_has_it_made_there() -> None:
