@@ -117,14 +117,21 @@ def async_call(endpoint: Endpoint) -> Callable[[Telemetry], Wrapper]:
                 if started is None:
                     return await wrapped(*args, **kwargs)
                 recording, op, call_kwargs = started
-                entered = _enter(recording, op)
+                entered, closed = _enter(recording, op), False
                 try:
                     result = await _async_send(wrapped, args, kwargs, call_kwargs, endpoint, op)
+                except GeneratorExit:
+                    # closed, not ended: its task destroyed while the call waited (the garbage collector closes the
+                    # coroutine, maybe from another context) or closed by hand. Nobody gets the result: abandoned
+                    # where it was last seen active, as a stream's read closed so (_stream._async_step)
+                    closed = True
+                    recording.abandon(op)
+                    raise
                 except BaseException as exc:
                     _failed(recording, endpoint, op, exc)
                     raise
                 finally:
-                    _leave(recording, entered)
+                    (_leave_closed if closed else _leave)(recording, entered)
                 return _adopt(recording, endpoint, op, result, is_async=True)
 
             return run()
@@ -301,6 +308,16 @@ def _enter(telemetry: Telemetry, op: Operation) -> tuple[object, Token[Operation
 
 def _leave(telemetry: Telemetry, entered: tuple[object, Token[Operation | None]]) -> None:
     _current.reset(entered[1])
+    telemetry.deactivate(entered[0])
+
+
+def _leave_closed(telemetry: Telemetry, entered: tuple[object, Token[Operation | None]]) -> None:
+    """_leave() for a coroutine closed while its call ran: where it is closed from another context (the garbage
+    collector's, its task gone), that context holds nothing of ours to leave."""
+    try:
+        _current.reset(entered[1])
+    except ValueError:  # made in a context that is not the current one
+        return
     telemetry.deactivate(entered[0])
 
 

@@ -6,6 +6,8 @@ Provider adapters fill it in; the telemetry core turns it into one span and its 
 
 from __future__ import annotations
 
+import asyncio
+import sys
 from array import array
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -154,3 +156,14 @@ class Operation(_WeaklyReferable):
         if error_type is not None and self.error_type is None:
             self.error_type = error_type
         return True
+
+
+def is_cancellation(error: BaseException) -> bool:
+    """Whether the caller's async runtime cancelled what raised ``error``: asyncio's CancelledError, or trio's
+    Cancelled (which is no subclass of it; httpx2 and anyio run on trio too). trio is looked for only where it is
+    loaded."""
+    if isinstance(error, asyncio.CancelledError):
+        return True
+    trio = sys.modules.get("trio")
+    cancelled = getattr(trio, "Cancelled", None) if trio is not None else None
+    return isinstance(cancelled, type) and isinstance(error, cancelled)

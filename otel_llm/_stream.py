@@ -8,7 +8,6 @@ They subclass wrapt's proxy so ``isinstance(proxy, openai.Stream)`` and every SD
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import copy
 import sys
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import wrapt
 
 from otel_llm import _semconv as sc
+from otel_llm._operation import is_cancellation
 from otel_llm._safety import report_failure
 
 if TYPE_CHECKING:
@@ -137,7 +137,9 @@ def _done(op: Operation, kind: int, gaps: array[int]) -> None:
 
 def _failed(op: Operation, exc: BaseException, read_error: ReadError,
             finish: Callable[[Operation, BaseException | str | None, int | None], None]) -> None:
-    if isinstance(exc, asyncio.CancelledError):
+    if _overlapping(exc):
+        return
+    if is_cancellation(exc):
         end_ns, error_type = op.stopped_by_caller(time.perf_counter_ns(), sc.ERROR_CANCELLED)
         if error_type is None:  # cancelled awaiting the tail of a complete response: nothing was cancelled
             finish(op, None, end_ns)
@@ -147,6 +149,13 @@ def _failed(op: Operation, exc: BaseException, read_error: ReadError,
     except Exception:
         report_failure("stream error")
     finish(op, exc, None)
+
+
+def _overlapping(exc: BaseException) -> bool:
+    """The client's generator refusing a read while another read of it runs (two tasks or threads reading one
+    stream): the caller's misuse, which ends nothing; the other read goes on with the stream."""
+    message = str(exc) if type(exc) in (ValueError, RuntimeError) else ""
+    return message == "generator already executing" or message.endswith("asynchronous generator is already running")
 
 
 def _gaps(op: Operation) -> array[int]:

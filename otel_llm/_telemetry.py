@@ -4,7 +4,6 @@ are its ways into the SDK's span and histogram internals, each with the public A
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import functools
 import gc
@@ -29,7 +28,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from otel_llm import _content as ct
 from otel_llm import _semconv as sc
-from otel_llm._operation import Operation, Request
+from otel_llm._operation import Operation, Request, is_cancellation
 from otel_llm._recording import _NO_EXEMPLAR, Batch, Histogram, NsPoint, Point, Series, flush_all
 from otel_llm._redact import exception_event
 from otel_llm._safety import report_failure
@@ -168,7 +167,7 @@ class Telemetry:
         failure: dict[str, str] | None = None
         error_type: str | None
         if isinstance(error, BaseException):
-            error_type = sc.ERROR_CANCELLED if isinstance(error, asyncio.CancelledError) else type(error).__name__
+            error_type = sc.ERROR_CANCELLED if is_cancellation(error) else type(error).__name__
         else:
             error_type = error
         if not op.close(time.perf_counter_ns() if end_ns is None else end_ns, error_type):
@@ -196,7 +195,7 @@ class Telemetry:
     def _failure(self, op: Operation, exception: BaseException) -> dict[str, str] | None:
         """The span's exception event for what ended the operation, rendered now: its frames are not kept until
         the span is written. None for a cancellation, and where the span records nothing."""
-        if isinstance(exception, asyncio.CancelledError):
+        if is_cancellation(exception):
             return None
         try:
             if not op.span.is_recording():

@@ -20,6 +20,7 @@ from typing import Any
 import httpx2
 import openai
 import pytest
+import trio
 import wire
 from conftest import API_KEY, Captured, Instrument, async_client, attributes, cancel_midway, openai_server, sync_client
 from opentelemetry.sdk.metrics import MeterProvider
@@ -269,6 +270,97 @@ def test_asyncio_cancellation_is_recorded_as_cancelled(otel: Captured) -> None:
     cancel_midway(consume)
     otel.assert_finished(sc.ERROR_CANCELLED)
     assert otel.span().events == ()  # a cancellation is not an exception to report
+
+
+@pytest.mark.parametrize("where", ["mid-stream", "before the headers", "after the response completed"])
+def test_trio_cancellation_is_recorded_as_asyncios_is(otel: Captured, where: str) -> None:
+    """trio's Cancelled is no asyncio.CancelledError, and the async clients run on trio too: a cancel scope that
+    cancels the call is a cancellation all the same, and one that cancels only the wait for the stream's tail after
+    the response completed has cancelled nothing. The caller's Cancelled passes through as trio raised it."""
+    delays = {"mid-stream": [0, 0, 5.0], "before the headers": None, "after the response completed": None}[where]
+    reply = server(delays=delays, headers_delay=5.0 if where == "before the headers" else 0.0)
+    if where == "after the response completed":  # every choice finished; the usage chunk 5 s away
+        events = wire.chat_stream(TOKENS, usage=USAGE)
+        reply = [wire.Reply.stream(events, delays=[0] * (len(events) - 2) + [5.0])]
+    client, _ = async_client(reply)
+    caught: list[BaseException] = []
+
+    async def consume() -> None:
+        with trio.move_on_after(0.1) as scope:
+            try:
+                stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+                async for _ in stream:
+                    pass
+            except BaseException as exc:
+                caught.append(exc)
+                raise
+        assert scope.cancelled_caught
+
+    trio.run(consume)
+    assert [type(exc) for exc in caught] == [trio.Cancelled]
+    otel.assert_finished(None if where == "after the response completed" else sc.ERROR_CANCELLED)
+    assert otel.span().events == ()  # a cancellation is not an exception to report
+
+
+def test_a_call_whose_task_is_destroyed_while_it_waits_for_the_headers_is_abandoned(otel: Captured) -> None:
+    """A task nobody holds any more, waiting on a server that never answers (a future nobody else holds): the
+    garbage collector destroys it and closes the call's coroutine, from a context that is not the task's. The call is
+    abandoned where it was last active, as a stream's read is, and nothing of ours is raised or logged there."""
+
+    async def never_answer(request: Any) -> Any:
+        await asyncio.get_running_loop().create_future()
+
+    client = openai.AsyncOpenAI(api_key=API_KEY, max_retries=0,
+                                http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(never_answer)))
+
+    async def main() -> None:
+        async def call() -> None:
+            await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+
+        asyncio.get_running_loop().create_task(call())  # held by nobody
+        for _ in range(3):
+            await asyncio.sleep(0.02)
+        gc.collect()
+
+    unraisable: list[Any] = []
+    hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    try:
+        asyncio.run(main())
+    finally:
+        sys.unraisablehook = hook
+    assert [type(item.exc_value) for item in unraisable] == []
+    otel.metrics()  # written by the next collection, as what a finalizer ends is
+    otel.assert_finished(sc.ERROR_ABANDONED)
+    span = otel.span()
+    assert span.events == ()
+    assert span.end_time - span.start_time < 0.01e9  # type: ignore[operator]  # where it was last active: its start
+
+
+def test_a_second_task_reading_a_stream_another_reads_is_refused_and_ends_nothing(otel: Captured) -> None:
+    """The client's generator refuses a read while another is under way: the second reader gets the refusal as it
+    would without us, and the stream, which the first reader goes on with, is not failed by it."""
+    client, _ = async_client(server(delays=[0, 0, 0.05]))
+    outcomes: list[str] = []
+
+    async def read(stream: Any) -> None:
+        try:
+            async for _ in stream:
+                pass
+            outcomes.append("read to its end")
+        except RuntimeError as exc:
+            outcomes.append(str(exc))
+
+    async def main() -> None:
+        stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+        first = asyncio.create_task(read(stream))
+        await asyncio.sleep(0.02)  # the first reader waits for a chunk
+        await read(stream)
+        await first
+
+    asyncio.run(main())
+    assert outcomes == ["anext(): asynchronous generator is already running", "read to its end"]
+    otel.assert_finished(None)
+    assert sc.RESPONSE_TIME_TO_FIRST_CHUNK in attributes(otel.span())
 
 
 def test_abandoned_stream_finishes_when_collected(otel: Captured) -> None:

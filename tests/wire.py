@@ -15,7 +15,6 @@ All clock marks are `time.perf_counter_ns()` in this process, so they compare di
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import copy
@@ -627,7 +626,9 @@ class _InProcessServer:
 
     async def handle_async(self, request: httpx2.Request) -> httpx2.Response:
         recorded, reply = self._answer(request)
-        await asyncio.sleep(reply.headers_delay)
+        import anyio  # here: the venvs of older clients may have no anyio (botocore's needs none)
+
+        await anyio.sleep(reply.headers_delay)  # anyio's: async clients run on asyncio and trio alike
         return self._response(request, recorded, reply, self._abody(request, recorded, reply))
 
     def _answer(self, request: httpx2.Request) -> tuple[RecordedRequest, Reply]:
@@ -661,8 +662,10 @@ class _InProcessServer:
 
     @staticmethod
     async def _abody(request: httpx2.Request, recorded: RecordedRequest, reply: Reply) -> AsyncIterator[bytes]:
+        import anyio
+
         for pause, chunk in reply.writes():
-            await asyncio.sleep(pause)
+            await anyio.sleep(pause)
             recorded.chunks_sent_ns.append(time.perf_counter_ns())
             yield chunk
         if reply.truncated:
