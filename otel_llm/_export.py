@@ -8,7 +8,8 @@ import functools
 import importlib
 import logging
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from opentelemetry import metrics, trace
 from opentelemetry._logs import get_logger_provider, set_logger_provider
@@ -21,12 +22,30 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
 _log = logging.getLogger("otel_llm")
+_Made = TypeVar("_Made")
 
 
 def nothing_configured() -> bool:
     """Whether the application has set neither global provider (the API's placeholders are still in place)."""
     return (isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
             and type(metrics.get_meter_provider()).__name__ == "_ProxyMeterProvider")
+
+
+# the specification's defaults of the batch processors and the periodic reader
+_BATCH_DEFAULTS = {"max_queue_size": 2048, "schedule_delay_millis": 5000, "max_export_batch_size": 512,
+                   "export_timeout_millis": 30000}
+_READER_DEFAULTS = {"export_interval_millis": 60000, "export_timeout_millis": 30000}
+
+
+def _or_defaults(make: Callable[..., _Made], variables: str, defaults: dict[str, int]) -> _Made:
+    """``make()`` with its settings from the ``OTEL_*`` variables, as the SDK reads them. Those it reads but then
+    refuses (a zero or negative interval, a batch larger than its queue) are named in a warning and the defaults
+    used, as the SDK does itself for a value that is no number."""
+    try:
+        return make()
+    except ValueError as error:
+        _log.warning("otel_llm: %s: %s; using the defaults", variables, error)
+        return make(**defaults)
 
 
 class Providers:
@@ -48,13 +67,17 @@ class Providers:
         try:
             self.tracer_provider = self._made(TracerProvider(resource=Resource.create()))
             for exporter in span_exporters():
-                self.tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
+                self.tracer_provider.add_span_processor(
+                    _or_defaults(functools.partial(BatchSpanProcessor, exporter), "OTEL_BSP_*", _BATCH_DEFAULTS))
             readers = []
             for name, protocol in _choices("METRICS"):
                 if name == "prometheus":
                     readers += [self._made(reader) for reader in self._prometheus_reader()]
                 else:
-                    readers.append(self._made(PeriodicExportingMetricReader(_metric_exporter(name, protocol))))
+                    reader = _or_defaults(functools.partial(PeriodicExportingMetricReader,
+                                                            _metric_exporter(name, protocol)),
+                                          "OTEL_METRIC_EXPORT_*", _READER_DEFAULTS)
+                    readers.append(self._made(reader))
             meter_provider = MeterProvider(resource=Resource.create(), metric_readers=readers)
             self.made = [made for made in self.made if made not in readers]  # the provider shuts them down now
             self.meter_provider = self._made(meter_provider)
@@ -63,7 +86,9 @@ class Providers:
                 for exporter, protocol in _choices("LOGS"):
                     log_exporter = ConsoleLogRecordExporter() if exporter == "console" else _otlp_log_exporter(
                         protocol)
-                    self.logger_provider.add_log_record_processor(BatchLogRecordProcessor(log_exporter))
+                    self.logger_provider.add_log_record_processor(_or_defaults(
+                        functools.partial(BatchLogRecordProcessor, log_exporter), "OTEL_BLRP_*",
+                        {**_BATCH_DEFAULTS, "schedule_delay_millis": 1000}))
         except BaseException:
             self.discard()
             raise

@@ -269,6 +269,22 @@ def test_a_set_up_that_fails_leaves_nothing_behind_and_a_later_one_works(receive
     assert_exported(receiver)
 
 
+@pytest.mark.parametrize("variables, named", [
+    ({"OTEL_METRIC_EXPORT_INTERVAL": "0"}, "OTEL_METRIC_EXPORT_*: interval value 0.0 is invalid"),
+    ({"OTEL_BSP_SCHEDULE_DELAY": "-1"}, "OTEL_BSP_*: schedule_delay_millis must be positive."),
+    ({"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "4096"},
+     "OTEL_BSP_*: max_export_batch_size must be less than or equal to max_queue_size."),
+], ids=["a zero metric interval", "a negative span delay", "a batch past the queue"])
+def test_a_batch_or_export_setting_the_sdk_refuses_is_named_and_the_defaults_used(
+        receiver: Receiver, tmp_path: Path, variables: dict[str, str], named: str) -> None:
+    """As the SDK does itself for a value that is no number: the application is instrumented all the same."""
+    env = {**otlp_env(receiver), **variables}
+    result, _ = launch([sys.executable], "import otel_llm; otel_llm.instrument()", env, tmp_path)
+    assert named in result.stderr and "using the defaults" in result.stderr
+    assert "cannot set up its telemetry" not in result.stderr
+    assert_exported(receiver)
+
+
 @pytest.mark.parametrize("port", ["abc", "99999"])
 def test_a_scrape_endpoint_that_cannot_be_served_costs_only_itself(receiver: Receiver, tmp_path: Path,
                                                                   port: str) -> None:
