@@ -7,7 +7,7 @@ import enum
 import time
 from collections.abc import Callable, Mapping, Sequence, Set
 from contextvars import ContextVar, Token
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 
@@ -24,6 +24,8 @@ from otel_llm._stream import (
 from otel_llm._telemetry import live_telemetry
 
 if TYPE_CHECKING:
+    from types import CoroutineType
+
     from otel_llm._operation import Operation, Request
     from otel_llm._settings import Settings
     from otel_llm._telemetry import Telemetry
@@ -134,7 +136,11 @@ def async_call(endpoint: Endpoint) -> Callable[[Telemetry], Wrapper]:
                     (_leave_closed if closed else _leave)(recording, entered)
                 return _adopt(recording, endpoint, op, result, is_async=True)
 
-            return run()
+            coroutine = cast("CoroutineType[Any, Any, Any]", run())
+            name = getattr(wrapped, "__qualname__", None)
+            if isinstance(name, str):  # the client's own name, as a warning that it was never awaited says it
+                coroutine.__qualname__, coroutine.__name__ = name, name.rpartition(".")[2]
+            return coroutine
 
         return wrapper
 

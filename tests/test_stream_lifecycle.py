@@ -14,6 +14,7 @@ import textwrap
 import threading
 import time
 import types
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -270,6 +271,24 @@ def test_asyncio_cancellation_is_recorded_as_cancelled(otel: Captured) -> None:
     cancel_midway(consume)
     otel.assert_finished(sc.ERROR_CANCELLED)
     assert otel.span().events == ()  # a cancellation is not an exception to report
+
+
+def test_an_async_call_never_awaited_warns_as_without_us(instrument: Instrument) -> None:
+    """The warning names the client's method, as uninstrumented, and nothing of ours ran."""
+    def warned() -> tuple[list[str], str]:
+        client, _ = async_client([])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            coroutine = client.chat.completions.create(model="m", messages=MESSAGES)
+            name = coroutine.__qualname__
+            del coroutine
+            gc.collect()
+        return sorted(str(warning.message) for warning in caught), name
+
+    without = warned()
+    otel = instrument()
+    assert warned() == without == (["coroutine 'AsyncCompletions.create' was never awaited"], "AsyncCompletions.create")
+    assert otel.spans() == []
 
 
 @pytest.mark.parametrize("where", ["mid-stream", "before the headers", "after the response completed"])
