@@ -32,6 +32,8 @@ class Request:
     # content in the conventions' shape (see _content), only when capture is on
     input_messages: list[Message] | None = None
     system_instructions: list[Part] | None = None
+    # the client making the call (a stainless one): what an error says is redacted of its credentials
+    client: Any = None
 
 
 class _WeaklyReferable:

@@ -1134,6 +1134,20 @@ def test_no_content_and_no_secrets_by_default(otel: Captured) -> None:
     assert API_KEY not in recorded and "x-api-key" not in recorded.lower()
 
 
+def test_the_clients_key_quoted_by_an_error_of_the_callers_own_is_not_recorded(otel: Captured) -> None:
+    http, _ = wire.mock_client([text_stream()])
+
+    def refuse(request: Any) -> None:
+        raise RuntimeError(f"policy refused a request with headers {dict(request.headers)}")
+
+    http.event_hooks["request"] = [refuse]
+    client = anthropic.Anthropic(api_key=API_KEY, base_url=BASE_URL, http_client=http, max_retries=0)
+    with pytest.raises(anthropic.APIConnectionError) as raised:  # anthropic wraps what is not an HTTP error
+        client.messages.create(**REQUEST)
+    assert API_KEY in str(raised.value.__cause__)
+    assert "[REDACTED]" in otel.span().to_json() and API_KEY not in otel.span().to_json()
+
+
 @pytest.mark.timing  # TPOT from pauses of 10-20 ms, within 4 ms
 def test_time_per_output_token_leaves_out_a_server_tools_wait(otel: Captured) -> None:
     """The web search runs on the service: 300 ms with no decoding between the text before it and after."""

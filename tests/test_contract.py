@@ -26,6 +26,7 @@ import wire
 import wrapt
 from conftest import (
     API_KEY,
+    BASE_URL,
     Captured,
     Instrument,
     Received,
@@ -427,6 +428,27 @@ def test_a_key_the_server_quotes_in_its_error_is_not_recorded(otel: Captured) ->
     assert event.attributes is not None and event.attributes["exception.type"] == "openai.AuthenticationError"
     assert event.attributes["exception.message"] == "Error code: 401 - Invalid API key: [REDACTED]"
     assert API_KEY not in otel.span().to_json()
+
+
+@pytest.mark.parametrize("auth", ["api key", "bearer header"])
+def test_the_clients_key_quoted_by_an_error_of_the_callers_own_is_not_recorded(otel: Captured, auth: str) -> None:
+    """A request hook of the caller's refuses the request, quoting its headers: the exception reaches the caller as
+    raised (openai hands on what is not an HTTP error), with no request to show; our event leaves the key out."""
+    http, _ = wire.mock_client(openai_server(tokens=TOKENS, usage=USAGE))
+
+    def refuse(request: httpx2.Request) -> None:
+        raise RuntimeError(f"policy refused a request with headers {dict(request.headers)}")
+
+    http.event_hooks["request"] = [refuse]
+    client = openai.OpenAI(api_key=API_KEY, base_url=BASE_URL, http_client=http, max_retries=0)
+    if auth == "bearer header":  # a gateway's own key beside the client's
+        client = client.with_options(default_headers={"Authorization": "Bearer gw-0123456789abcdef"})
+    key = API_KEY if auth == "api key" else "gw-0123456789abcdef"
+    with pytest.raises(RuntimeError, match=key):
+        client.chat.completions.create(model="m", messages=MESSAGES)
+    (event,) = otel.span().events
+    assert event.attributes is not None and "[REDACTED]" in str(event.attributes["exception.message"])
+    assert key not in otel.span().to_json()
 
 
 class Answer(pydantic.BaseModel):
@@ -922,6 +944,21 @@ def test_callers_extra_body_is_kept_and_its_stream_options_respected(otel: Captu
     client.chat.completions.create(model="m", messages=MESSAGES, stream=True,
                                    extra_body={"stream_options": {"include_usage": False}}).close()
     assert recorder.requests[1].json["stream_options"] == {"include_usage": False}  # the caller decided
+
+
+@pytest.mark.parametrize("given, sent", [
+    ({"stream_options": [["include_usage", False]]}, [["include_usage", False]]),
+    ({"extra_body": {"stream_options": "x"}}, "x"),
+    ({"stream_options": openai.omit}, {"include_usage": True}),
+    ({"extra_body": {"stream_options": None}}, {"include_usage": True}),
+], ids=["a list", "a string in extra_body", "omit", "null in extra_body"])
+def test_stream_options_of_the_callers_own_kind_go_out_as_they_are(otel: Captured, given: dict[str, Any],
+                                                                    sent: object) -> None:
+    """What is not an object of options is the caller's to send (a strict server's to refuse); where the client
+    sends none, or null, ours go."""
+    client, recorder = sync_client([wire.Reply.stream(wire.chat_stream(TOKENS))])
+    list(client.chat.completions.create(model="m", messages=MESSAGES, stream=True, **given))
+    assert recorder.requests[0].json["stream_options"] == sent
 
 
 def test_usage_asked_in_extra_body_is_the_callers_even_beside_a_typed_stream_options(otel: Captured) -> None:

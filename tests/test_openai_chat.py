@@ -7,6 +7,7 @@ import gc
 import gzip
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 import httpx2
@@ -14,7 +15,15 @@ import openai
 import pytest
 import wire
 import wrapt
-from conftest import Captured, async_client, attributes, cancel_midway, openai_server, sync_client
+from conftest import (
+    Captured,
+    Instrument,
+    async_client,
+    attributes,
+    cancel_midway,
+    openai_server,
+    sync_client,
+)
 from openai._base_client import BaseClient
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -248,6 +257,116 @@ def test_usage_chunk_with_no_finish_before_it_is_built_by_the_client_and_still_h
     assert len(built_by_client) == 5
     attrs = attributes(otel.span())
     assert (attrs[sc.USAGE_INPUT_TOKENS], attrs[sc.USAGE_OUTPUT_TOKENS]) == (12, 4)
+
+
+def as_read(stream: Any) -> list[tuple[str, Any]]:
+    """Each chunk a caller reads, as JSON of the fields it was given, and its usage."""
+    return [(chunk.model_dump_json(warnings=False, exclude_unset=True), chunk.usage) for chunk in stream]
+
+
+MODERATION = {"input": {"type": "moderation_results", "model": "omni-moderation-latest", "results": []},
+              "output": {"type": "moderation_results", "model": "omni-moderation-latest", "results": []}}
+
+
+def moderated_server(finishes: bool) -> Callable[[wire.RecordedRequest], wire.Reply]:
+    """A server that puts its moderation result on the last chunk without choices: the usage chunk, when asked for
+    usage; a chunk of its own otherwise. ``finishes``: a finish_reason comes before it."""
+
+    def answer(request: wire.RecordedRequest) -> wire.Reply:
+        asked = (request.json.get("stream_options") or {}).get("include_usage") is True
+        *events, usage_event, done = wire.chat_stream(TOKENS, usage=USAGE)
+        usage_chunk = json.loads(usage_event[len(b"data: "):])
+        if not asked:
+            events = wire.chat_stream(TOKENS)[:-1]
+            del usage_chunk["usage"]
+        if not finishes:
+            events = [event for event in events if b'"finish_reason":"stop"' not in event]
+        return wire.Reply.stream([*events, wire.sse({**usage_chunk, "moderation": MODERATION}), done])
+
+    return answer
+
+
+@pytest.mark.parametrize("finishes", [True, False], ids=["read before the client builds it", "no finish before it"])
+def test_a_usage_chunk_that_carries_a_moderation_result_reaches_the_caller_as_it_comes_unasked(
+        instrument: Instrument, finishes: bool) -> None:
+    def read() -> list[tuple[str, Any]]:
+        client, _ = sync_client(moderated_server(finishes))
+        return as_read(client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, stream=True))
+
+    without = read()
+    otel = instrument()
+    assert read() == without
+    assert '"moderation":' in without[-1][0] and [usage for _, usage in without] == [None] * len(without)
+    attrs = attributes(otel.span())
+    assert (attrs[sc.USAGE_INPUT_TOKENS], attrs[sc.USAGE_OUTPUT_TOKENS]) == (12, 4)
+
+
+def usage_on_every_chunk(legacy: bool) -> Callable[[wire.RecordedRequest], wire.Reply]:
+    """vLLM with ``stream_options.continuous_usage_stats``: once usage is asked for, every chunk carries the counts
+    so far, then the usage chunk; unasked, none does."""
+
+    def answer(request: wire.RecordedRequest) -> wire.Reply:
+        asked = (request.json.get("stream_options") or {}).get("include_usage") is True
+        usage = USAGE if asked else None
+        events = wire.completion_stream(TOKENS, usage=usage) if legacy else wire.chat_stream(TOKENS, usage=usage)
+        if not asked:
+            return wire.Reply.stream(events)
+        *chunks, usage_event, done = events
+        counts = json.loads(usage_event[len(b"data: "):])["usage"]
+        so_far = [json.loads(event[len(b"data: "):]) for event in chunks]
+        for n, data in enumerate(so_far):
+            data["usage"] = {**counts, "completion_tokens": n, "total_tokens": counts["prompt_tokens"] + n}
+        return wire.Reply.stream([*(wire.sse(data) for data in so_far), usage_event, done])
+
+    return answer
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["chat", "legacy completions"])
+def test_usage_a_server_puts_on_every_chunk_reaches_the_caller_only_if_it_asked(instrument: Instrument,
+                                                                                legacy: bool) -> None:
+    def read() -> list[tuple[str, Any]]:
+        client, _ = sync_client(usage_on_every_chunk(legacy))
+        if legacy:
+            stream = client.completions.create(model="gpt-3.5-turbo-instruct", prompt="Say hello", stream=True)
+        else:
+            stream = client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, stream=True)
+        return as_read(stream)
+
+    without = read()
+    otel = instrument()
+    assert read() == without
+    assert [usage for _, usage in without] == [None] * len(without)
+    attrs = attributes(otel.span())
+    assert (attrs[sc.USAGE_INPUT_TOKENS], attrs[sc.USAGE_OUTPUT_TOKENS]) == (12, 4)
+
+
+@pytest.mark.parametrize("call", ["chat", "chat, streamed", "responses", "responses, streamed"])
+def test_tokens_written_to_the_prompt_cache_are_counted_apart_and_in_the_input(otel: Captured, call: str) -> None:
+    usage = wire.Usage(input=12, output=4, cached=4, cache_write=6)
+    if call.startswith("chat"):
+        client, _ = sync_client(openai_server(tokens=TOKENS, usage=usage))
+        result = client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, stream=call.endswith("ed"))
+    else:
+        streamed = call.endswith("ed")
+        client, _ = sync_client([wire.Reply.stream(wire.responses_stream(TOKENS, usage=usage)) if streamed
+                                 else wire.Reply.json(wire.response_body("".join(TOKENS), usage=usage))])
+        result = client.responses.create(model="gpt-4.1", input="hello", stream=streamed)
+    if isinstance(result, openai.Stream):
+        list(result)
+    attrs = attributes(otel.span())
+    assert [attrs[key] for key in (sc.USAGE_INPUT_TOKENS, sc.USAGE_CACHE_READ_INPUT_TOKENS,
+                                   sc.USAGE_CACHE_CREATION_INPUT_TOKENS)] == [12, 4, 6]
+    assert otel.point("gen_ai.client.token.usage", gen_ai__token__type="input").sum == 12
+
+
+@pytest.mark.parametrize("stream", [1, "yes"])
+def test_a_stream_asked_for_with_another_true_value_is_a_stream(otel: Captured, stream: object) -> None:
+    client, _ = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
+    chunks = list(client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, stream=stream))  # type: ignore[call-overload]
+    assert len(chunks) == 5 and all(chunk.choices for chunk in chunks)  # streamed as the client decides, ours hidden
+    attrs = attributes(otel.span())
+    assert attrs[sc.REQUEST_STREAM] is True and attrs[sc.USAGE_OUTPUT_TOKENS] == 4
+    assert attrs[sc.CONTENT_CHUNKS] == 3 and sc.RESPONSE_TIME_TO_FIRST_CHUNK in attrs
 
 
 def two_choices_stream() -> list[bytes]:

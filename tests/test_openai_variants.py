@@ -503,10 +503,58 @@ def test_a_background_response_streamed_again_is_an_operation(otel: Captured, re
     assert attrs[sc.CONTENT_CHUNKS] == 3 and attrs[sc.RESPONSE_TIME_TO_FIRST_CHUNK] >= 0.03
 
 
+@pytest.mark.parametrize("status", ["queued", "in_progress"])
+def test_a_background_response_not_finished_when_created_has_no_finish_reason(otel: Captured, status: str) -> None:
+    body = {**wire.response_body("", usage=None), "status": status, "background": True, "output": [],
+            "completed_at": None}
+    client, _ = sync_client([wire.Reply.json(body)])
+    assert client.responses.create(model="gpt-4.1", input="hello", background=True).status == status
+    otel.assert_finished(None)
+    attrs = attributes(otel.span())
+    assert attrs[sc.RESPONSE_ID] == "resp_abc" and sc.RESPONSE_FINISH_REASONS not in attrs
+
+
 def test_retrieving_a_stored_response_calls_no_model(otel: Captured) -> None:
     client, _ = sync_client([wire.Reply.json(wire.response_body("xyz", usage=USAGE))])
     assert client.responses.retrieve("resp_abc").output_text == "xyz"
     assert otel.spans() == [] and otel.metrics() == {}
+
+
+# the attributes that hold times, which differ call to call
+_TIMES = frozenset((sc.RESPONSE_TIME_TO_FIRST_CHUNK, sc.TIME_PER_OUTPUT_TOKEN, sc.MAX_CHUNK_GAP, sc.TIME_TO_HEADERS))
+
+
+def _responses_call(resource: Any, call: str) -> Any:
+    if call == "retrieve, streamed":
+        return resource.retrieve("resp_abc", stream=True)
+    return resource.create(model="gpt-4.1", input="hello", instructions="be brief", stream=call == "create, streamed")
+
+
+async def _read_async(result: Any) -> Any:
+    result = await result
+    return [event async for event in result] if isinstance(result, openai.AsyncStream) else result
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("call", ["create", "create, streamed", "retrieve, streamed"])
+def test_the_beta_responses_api_is_recorded_as_the_responses_api(otel: Captured, is_async: bool, call: str) -> None:
+    """client.beta.responses (openai 3.x): its own resource, path and types, the same operation as responses."""
+    reply = (wire.Reply.json(wire.response_body("xyz", usage=USAGE)) if call == "create"
+             else wire.Reply.stream(wire.responses_stream(TOKENS, usage=USAGE)))
+    client = (async_client if is_async else sync_client)([reply, reply])[0]
+    got = []
+    for resource in (client.responses, client.beta.responses):
+        result = _responses_call(resource, call)
+        got.append(asyncio.run(_read_async(result)) if is_async else
+                   list(result) if isinstance(result, openai.Stream) else result)
+    ga, beta = (type(result[-1] if isinstance(result, list) else result).__name__ for result in got)
+    assert beta == f"Beta{ga}"  # each resource's own types
+    spans = otel.spans()
+    assert len(spans) == 2
+    ga_attrs, beta_attrs = ({k: v for k, v in attributes(span).items() if k not in _TIMES} for span in spans)
+    assert beta_attrs == ga_attrs and spans[1].name == spans[0].name
+    assert ga_attrs[sc.USAGE_OUTPUT_TOKENS] == 3 and ga_attrs[sc.RESPONSE_ID] == "resp_abc"
+    assert {point.count for point in otel.points("gen_ai.client.operation.duration")} == {2}  # one series
 
 
 def _responses_events(*events: tuple[str, dict[str, Any]]) -> list[bytes]:

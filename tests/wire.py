@@ -57,12 +57,14 @@ DONE = b"data: [DONE]\n\n"
 
 @dataclass(frozen=True)
 class Usage:
-    """Token counts as OpenAI reports them: `input` includes `cached`, `output` includes `reasoning`."""
+    """Token counts as OpenAI reports them: `input` includes `cached` and `cache_write`, `output` includes
+    `reasoning`. Chat usage names cache writes only where there are some (the client's field is optional)."""
 
     input: int
     output: int
     cached: int = 0
     reasoning: int = 0
+    cache_write: int = 0
 
     @property
     def total(self) -> int:
@@ -347,7 +349,11 @@ def _compact(data: Json) -> str:
 def _chat_usage(usage: Usage) -> Json:
     return {
         **_plain_usage(usage),
-        "prompt_tokens_details": {"cached_tokens": usage.cached, "audio_tokens": 0},
+        "prompt_tokens_details": {
+            "cached_tokens": usage.cached,
+            "audio_tokens": 0,
+            **({"cache_write_tokens": usage.cache_write} if usage.cache_write else {}),
+        },
         "completion_tokens_details": {
             "reasoning_tokens": usage.reasoning,
             "audio_tokens": 0,
@@ -418,7 +424,7 @@ def _response(id: str, model: str, status: str, output: list[Json], usage: Usage
 def _responses_usage(usage: Usage) -> Json:
     return {
         "input_tokens": usage.input,
-        "input_tokens_details": {"cached_tokens": usage.cached, "cache_write_tokens": 0},
+        "input_tokens_details": {"cached_tokens": usage.cached, "cache_write_tokens": usage.cache_write},
         "output_tokens": usage.output,
         "output_tokens_details": {"reasoning_tokens": usage.reasoning},
         "total_tokens": usage.total,

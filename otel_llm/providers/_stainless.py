@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from otel_llm import _semconv as sc
@@ -48,13 +48,25 @@ _HELPER_STREAM: Callable[[Telemetry], Wrapper] = helper_stream(raw_stream_of)
 _CREDENTIAL_HEADERS = ("authorization", "api-key", "x-api-key", "proxy-authorization")
 
 
-def request_secrets(error: BaseException) -> tuple[str, ...]:
-    """The credentials the failed request carried (a client error's ``request``), for redaction."""
+# where a stainless client keeps its credentials: openai's api_key, anthropic's api_key and auth_token
+_CREDENTIAL_FIELDS = ("api_key", "auth_token")
+
+
+def request_secrets(error: BaseException, client: Any) -> tuple[str, ...]:
+    """The credentials the failed request carried (a client error's ``request``) and the client's own (an error of
+    the caller's, a request hook's, may quote them with no request to show), for redaction."""
     request = getattr(error, "request", None)
     headers, url = getattr(request, "headers", None), getattr(request, "url", None)
     values = [value for name in _CREDENTIAL_HEADERS if headers is not None and (value := headers.get(name))]
     key = getattr(getattr(url, "params", None), "get", lambda name: None)("api-key")
-    return bearer_secrets([*values, key] if isinstance(key, str) else values)
+    if isinstance(key, str):
+        values.append(key)
+    values.extend(value for name in _CREDENTIAL_FIELDS if isinstance(value := getattr(client, name, None), str))
+    defaults = getattr(client, "default_headers", None)  # the auth headers it makes, and the caller's own
+    if isinstance(defaults, Mapping):
+        values.extend(value for name, value in defaults.items()
+                      if isinstance(name, str) and name.lower() in _CREDENTIAL_HEADERS and isinstance(value, str))
+    return bearer_secrets(values)
 
 
 def _listed_headers() -> tuple[type, ...]:

@@ -27,6 +27,18 @@ def parameter(name: str, value: object) -> float | int | None:
     return found
 
 
+def streams(kwargs: Mapping[str, Any]) -> bool:
+    """Whether a call streams, as the stainless clients decide it (``stream or False``): any true value, not only
+    True; their NOT_GIVEN and omit are false."""
+    value = kwargs.get("stream")
+    if value is True or value is None or value is False:
+        return value is True
+    try:
+        return bool(value)
+    except Exception:  # the client's own test of it raises the same to the caller
+        return False
+
+
 # No count of one call comes near a trillion. Past it a value is a server's garbage, and OTLP's int64 must hold
 # sums of counts (input with its cache parts, a token counter's running total): one past it fails every export.
 _MAX_COUNT = 10**12

@@ -48,7 +48,7 @@ from otel_llm._safety import report_failure
 from otel_llm._stream import CONTENT, DONE, OTHER
 from otel_llm.providers import _claude
 from otel_llm.providers._stainless import ResponseHeaders, helper_target, parsed_body, request_secrets
-from otel_llm.providers._values import count, field, parameter, text_counter
+from otel_llm.providers._values import count, field, parameter, streams, text_counter
 
 try:  # the SDK's table of exception classes by (status, error code), which names a stream's error events
     from anthropic._error_classes import ERROR_CLASSES as _ERROR_CLASSES
@@ -119,6 +119,7 @@ def _describe(instance: Any, kwargs: Mapping[str, Any], settings: Settings, *, s
         stream=stream,
         prompt_chars=_text_chars(prompt) if prompt else None,
         attributes=attributes,
+        client=client,
     )
     if settings.capture_content.enabled:
         request.system_instructions = ct.safely(lambda: _claude.system_instructions(kwargs.get("system")))
@@ -188,7 +189,7 @@ class _Messages:
     """``messages.create`` and ``messages.parse``: the request is in the keyword arguments."""
 
     def describe(self, instance: Any, kwargs: dict[str, Any], settings: Settings) -> Request:
-        return _describe(instance, kwargs, settings, stream=kwargs.get("stream") is True)
+        return _describe(instance, kwargs, settings, stream=streams(kwargs))
 
     def prepare(self, op: Operation, kwargs: dict[str, Any], settings: Settings) -> dict[str, Any]:
         if settings.capture_content.enabled:
@@ -222,7 +223,7 @@ class _Messages:
         return None  # prepare() adds nothing to the request
 
     def read_error(self, op: Operation, error: BaseException) -> None:
-        op.secrets = request_secrets(error)
+        op.secrets = request_secrets(error, op.request.client)
         if not isinstance(error, anthropic.APIStatusError):
             return
         if error.response.status_code < 400:  # an error event inside a stream: its headers were read on arrival

@@ -18,6 +18,8 @@ from openai import APIResponse, AsyncAPIResponse, AsyncStream, Stream
 from openai._constants import RAW_RESPONSE_HEADER
 from openai._legacy_response import LegacyAPIResponse
 from openai._streaming import SSEDecoder
+from openai.types import Completion
+from openai.types.chat import ChatCompletionChunk
 
 from otel_llm import _content as ct
 from otel_llm import _semconv as sc
@@ -28,7 +30,7 @@ from otel_llm._patching import Provider, Target
 from otel_llm._safety import report_failure
 from otel_llm._stream import CONTENT, DONE, HIDDEN, OTHER, closed_by_helper
 from otel_llm.providers._stainless import ResponseHeaders, helper_target, parsed_body, raw_stream_of, request_secrets
-from otel_llm.providers._values import count, field, parameter, text_counter
+from otel_llm.providers._values import count, field, parameter, streams, text_counter
 
 if TYPE_CHECKING:
     from otel_llm._operation import Operation
@@ -313,7 +315,8 @@ def _output_type(kwargs: Mapping[str, Any]) -> str | None:
 # --- response side ---------------------------------------------------------------------------------------------
 
 
-# where a usage object keeps its counts: input, output, and the details holding cached and reasoning tokens
+# where a usage object keeps its counts: input, output, and the details holding cached, cache-write and reasoning
+# tokens (the input count includes both kinds of cached ones)
 _CHAT_USAGE = ("prompt_tokens", "completion_tokens", "prompt_tokens_details", "completion_tokens_details")
 _RESPONSES_USAGE = ("input_tokens", "output_tokens", "input_tokens_details", "output_tokens_details")
 
@@ -323,9 +326,13 @@ def _read_usage(op: Operation, usage: Any, names: tuple[str, str, str, str]) -> 
     input_key, output_key, input_details, output_details = names
     op.input_tokens = count(field(usage, input_key))
     op.output_tokens = count(field(usage, output_key))
-    cached = count(field(field(usage, input_details), "cached_tokens"))
+    details = field(usage, input_details)
+    cached = count(field(details, "cached_tokens"))
     if cached is not None:
         op.cache_read_tokens = cached
+    written = count(field(details, "cache_write_tokens"))
+    if written is not None:
+        op.cache_creation_tokens = written
     reasoning = count(field(field(usage, output_details), "reasoning_tokens"))
     if reasoning is not None:
         op.reasoning_tokens = reasoning
@@ -362,13 +369,38 @@ def _usage_chunk(op: Operation, chunk: Any) -> int:
             _as_unasked(chunk)
         return OTHER
     _read_chat_usage(op, chunk.usage)  # whatever the server put there: the chunk is hidden all the same
-    return HIDDEN if op.hide_usage_chunk else OTHER
+    if not op.hide_usage_chunk:
+        return OTHER
+    if any(getattr(chunk, name, None) is not None for name in _CARRIED):
+        _as_unasked(chunk)  # it carries the caller's own too: on it goes, as it would have come unasked
+        return OTHER
+    return HIDDEN
+
+
+def _field_names(model: type) -> frozenset[str]:
+    fields = getattr(model, "model_fields", None)
+    return frozenset(fields if fields is not None else getattr(model, "__fields__", ()))  # pydantic 2, or 1
+
+
+# What a chunk says of itself, which the usage chunk says too. The other fields of the client's chunk types carry
+# something for the caller (a moderation result, in openai 3.x): a usage chunk holding one of them is not ours to
+# hide. A compatible server's fields the client does not know (Groq's x_groq) go with the usage, as they came.
+_CARRIED = (_field_names(ChatCompletionChunk) | _field_names(Completion)) - {
+    "id", "object", "created", "model", "choices", "usage", "service_tier", "system_fingerprint", "obfuscation"}
 
 
 # Where a client's model keeps the names of the fields it was given (what its to_dict() and to_json() write). A
 # stream we asked usage for has "usage": null in every chunk from OpenAI; unasked, no usage field: each chunk goes
 # to the caller with the field unset, as it comes unasked (~50 ns, read directly: the property costs twice that).
 _FIELDS_SET = "__fields_set__" if pydantic.VERSION.startswith("1.") else "__pydantic_fields_set__"
+
+
+def _unasked_usage(op: Operation, chunk: Any) -> None:
+    """Usage on a chunk with choices, of a stream we asked usage for. Some compatible servers put it on the finishing
+    chunk, or on every chunk (vLLM's continuous_usage_stats, which a caller may ask for, counting on no usage without
+    include_usage): the latest counts are read, and the chunk goes on without them, as it comes unasked."""
+    _read_chat_usage(op, chunk.usage)
+    chunk.usage = None  # which pydantic marks as set: observe() unsets it after
 
 
 def _as_unasked(chunk: Any) -> None:
@@ -388,12 +420,15 @@ def _finished(op: Operation, chunk: Any, choice: Any) -> int:
     if op.usage_lift is not None:
         op.usage_lift.install(op)
         op.usage_lift = None
-    # some compatible servers put usage on the finishing chunk instead of a chunk of its own
+    # some compatible servers put usage on the finishing chunk instead of a chunk of its own (when we asked for it,
+    # _unasked_usage read it already)
     if chunk.usage is not None:
         _read_chat_usage(op, chunk.usage)
-        if op.hide_usage_chunk:
-            _as_unasked(chunk)
     return DONE if len(op.finished_choices) >= op.request.attributes.get(sc.REQUEST_CHOICE_COUNT, 1) else OTHER
+
+
+# a response's statuses before it has finished: a background response comes back queued, and no reason to finish
+_UNFINISHED = frozenset(("queued", "in_progress"))
 
 
 def _read_responses_usage(op: Operation, response: Any) -> None:
@@ -404,7 +439,7 @@ def _read_responses_usage(op: Operation, response: Any) -> None:
     incomplete = getattr(response, "incomplete_details", None)
     if status == "incomplete" and incomplete is not None and incomplete.reason:
         op.finish_reasons = [incomplete.reason]
-    elif status:
+    elif status and status not in _UNFINISHED:
         op.finish_reasons = [status]
     if response.usage is not None:
         _read_usage(op, response.usage, _RESPONSES_USAGE)
@@ -488,7 +523,7 @@ class _UsageLift:
         try:
             data = json.loads(event.data)
             if not (isinstance(data, dict) and data.get("choices") == [] and isinstance(data.get("usage"), dict)
-                    and not data.get("error")):
+                    and not data.get("error") and all(data.get(name) is None for name in _CARRIED)):
                 return event
             _read_chat_usage(op, data["usage"])
             del decoder.decode  # its work is done: the lines left go straight to the client
@@ -497,6 +532,10 @@ class _UsageLift:
             return event
         return None
 
+
+# the client's markers of an argument not given: what it leaves out of the body (openai 1.x has no Omit)
+_NOT_SENT = tuple(kind for kind in (getattr(openai, "NotGiven", None), getattr(openai, "Omit", None))
+                  if isinstance(kind, type))
 
 # arguments of a client method that are not fields of the request's body, and ours in it
 _NOT_BODY = frozenset(("extra_headers", "extra_query", "extra_body", "timeout", "stream_options"))
@@ -554,9 +593,10 @@ class _Endpoint:
             model=model if isinstance(model, str) else None,
             server_address=host,
             server_port=port,
-            stream=kwargs.get("stream") is True,
+            stream=streams(kwargs),
             prompt_chars=prompt_chars,
             attributes=_request_parameters(kwargs),
+            client=getattr(instance, "_client", None),
         )
         output_type = _output_type(kwargs)
         if output_type is not None:
@@ -593,11 +633,12 @@ class _Endpoint:
         elif not isinstance(extra, Mapping):
             return kwargs  # a body of the caller's own kind: not ours to rebuild
         options = extra.get("stream_options")
-        if options is None or not isinstance(options, Mapping):
+        if options is None:
             options = kwargs.get("stream_options")
-            options = options if options is not None and isinstance(options, Mapping) else {}
-        if "include_usage" in options:
-            return kwargs  # the caller decided, either way
+        if options is None or isinstance(options, _NOT_SENT):  # null, or none: ours alone
+            options = {}
+        elif not isinstance(options, Mapping) or "include_usage" in options:
+            return kwargs  # the caller decided, either way, or sends something of its own: not ours to rewrite
         op.hide_usage_chunk = True
         return {**kwargs, "extra_body": {**extra, "stream_options": {**options, "include_usage": True}}}
 
@@ -648,7 +689,7 @@ class _Endpoint:
         raise NotImplementedError
 
     def read_error(self, op: Operation, error: BaseException) -> None:
-        op.secrets = request_secrets(error)
+        op.secrets = request_secrets(error, op.request.client)
         # a refused request's headers; a stream's were read when its response arrived
         if isinstance(error, openai.APIStatusError) and error.response.status_code >= 400:
             _HEADERS.read(op, error.response.headers)
@@ -720,6 +761,8 @@ class _ChatCompletions(_Endpoint):
         if not choices:
             return _usage_chunk(op, chunk)
         if op.hide_usage_chunk:  # first: a chunk we then fail to read goes on as it comes unasked all the same
+            if chunk.usage is not None:
+                _unasked_usage(op, chunk)
             getattr(chunk, _FIELDS_SET).discard("usage")
         if op.response_id is None:
             op.response_id, op.response_model = chunk.id, chunk.model
@@ -832,6 +875,8 @@ class _Completions(_Endpoint):
         if not choices:
             return _usage_chunk(op, chunk)
         if op.hide_usage_chunk:  # as _ChatCompletions.observe
+            if chunk.usage is not None:
+                _unasked_usage(op, chunk)
             getattr(chunk, _FIELDS_SET).discard("usage")
         if op.response_id is None:
             op.response_id, op.response_model = chunk.id, chunk.model
@@ -877,10 +922,6 @@ def _helper_closed(helper_stream: Any) -> None:
     closed_by_helper(raw_stream_of(helper_stream))
 
 
-def _streams(kwargs: dict[str, Any]) -> bool:
-    return kwargs.get("stream") is True
-
-
 def _parsing_response(op: Operation, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """``responses.parse()``'s structured-output parser is about to read the response: read it first, since the
     parser raises (pydantic's ValidationError) on an answer cut short, and that error carries no response."""
@@ -892,6 +933,8 @@ def _parsing_response(op: Operation, args: tuple[Any, ...], kwargs: dict[str, An
 _CHAT, _RESPONSES, _COMPLETIONS, _EMBEDDINGS = _ChatCompletions(), _Responses(), _Completions(), _Embeddings()
 _CHAT_MODULE = "openai.resources.chat.completions.completions"
 _RESPONSES_MODULE = "openai.resources.responses.responses"
+# client.beta.responses (openai 3.x): the Responses API's beta features, the same calls, events and usage
+_BETA_RESPONSES_MODULE = "openai.resources.beta.responses.responses"
 
 PROVIDER = Provider(
     name="openai",
@@ -906,8 +949,12 @@ PROVIDER = Provider(
         Target(_RESPONSES_MODULE, "AsyncResponses.parse", async_call(_RESPONSES)),
         # a stored (background) response streamed again, whole or after an event; a retrieve that does not stream
         # fetches a stored object, and calls no model
-        Target(_RESPONSES_MODULE, "Responses.retrieve", selected(sync_call(_RESPONSES), _streams)),
-        Target(_RESPONSES_MODULE, "AsyncResponses.retrieve", selected(async_call(_RESPONSES), _streams)),
+        Target(_RESPONSES_MODULE, "Responses.retrieve", selected(sync_call(_RESPONSES), streams)),
+        Target(_RESPONSES_MODULE, "AsyncResponses.retrieve", selected(async_call(_RESPONSES), streams)),
+        Target(_BETA_RESPONSES_MODULE, "Responses.create", sync_call(_RESPONSES)),
+        Target(_BETA_RESPONSES_MODULE, "AsyncResponses.create", async_call(_RESPONSES)),
+        Target(_BETA_RESPONSES_MODULE, "Responses.retrieve", selected(sync_call(_RESPONSES), streams)),
+        Target(_BETA_RESPONSES_MODULE, "AsyncResponses.retrieve", selected(async_call(_RESPONSES), streams)),
         Target("openai.resources.completions", "Completions.create", sync_call(_COMPLETIONS)),
         Target("openai.resources.completions", "AsyncCompletions.create", async_call(_COMPLETIONS)),
         Target("openai.resources.embeddings", "Embeddings.create", sync_call(_EMBEDDINGS)),
