@@ -103,6 +103,13 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         try:
             tracer_provider = kwargs.get("tracer_provider") or providers.tracer_provider
             meter_provider = kwargs.get("meter_provider") or providers.meter_provider
+            if (isinstance(tracer_provider, trace.NoOpTracerProvider)
+                    and isinstance(meter_provider, metrics.NoOpMeterProvider) and not on_event):
+                # the application chose to record nothing: as under OTEL_SDK_DISABLED, patching would only change
+                # requests. Not instrumented, so a later instrument() with working providers is one
+                _log.info("otel_llm: the tracer and meter providers are the API's no-op ones; not instrumenting")
+                providers.discard()
+                return
             logger = None
             if on_event:
                 logger_provider = kwargs.get("logger_provider") or providers.logger_provider

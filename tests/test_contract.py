@@ -38,6 +38,7 @@ from conftest import (
 )
 from opentelemetry import trace
 from opentelemetry.instrumentation.utils import suppress_instrumentation
+from opentelemetry.metrics import NoOpMeterProvider
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
 from opentelemetry.sdk.metrics import MeterProvider
@@ -339,6 +340,27 @@ class RefusingHistograms(MeterProvider):
 
         meter.create_histogram = refuse  # type: ignore[method-assign]
         return meter
+
+
+def test_providers_that_record_nothing_leave_every_request_as_it_is(instrument: Instrument,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """The API's no-op providers, passed or set globally: nothing could be recorded, so nothing is patched (our
+    usage request would change the streams); instrument() with working ones later instruments."""
+    cls = openai.resources.chat.completions.completions.Completions
+    original = vars(cls)["create"]
+    with caplog.at_level(logging.INFO, logger="otel_llm"):
+        otel_llm.instrument(tracer_provider=trace.NoOpTracerProvider(), meter_provider=NoOpMeterProvider())
+    try:
+        assert vars(cls)["create"] is original
+        assert "otel_llm: the tracer and meter providers are the API's no-op ones; not instrumenting" in caplog.messages
+        client, recorder = sync_client(openai_server(tokens=TOKENS, usage=USAGE))
+        list(client.chat.completions.create(model="m", messages=MESSAGES, stream=True))
+        assert "stream_options" not in recorder.requests[0].json
+        captured = instrument()
+        client.chat.completions.create(model="m", messages=MESSAGES)
+        assert len(captured.spans()) == 1
+    finally:
+        otel_llm.uninstrument()
 
 
 @pytest.mark.parametrize("providers", [(RefusingTracers, MeterProvider), (TracerProvider, RefusingHistograms)],
