@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
+from test_buckets import histogram_quantile
 from test_dashboards import VARIABLES, _substitute
 
 import otel_llm
@@ -159,7 +160,12 @@ def test_dashboard_p99_ttft_matches_the_raw_samples(scraped: tuple[prom.Promethe
     (sample,) = server.query(_substitute(target["expr"]).replace(VARIABLES["$__rate_interval"], "10m"))
     assert sample["metric"][sc.prometheus_name(sc.REQUEST_MODEL)] == DEFAULT_MODEL
     from_dashboard = float(sample["value"][1])
-    assert from_dashboard == pytest.approx(exact, rel=0.10), (from_dashboard, exact)
+    # what histogram_quantile makes of these very samples in our buckets (the query's rate() scales every bucket
+    # alike; the histogram holds the warm-up's one more), and that within a bucket (~1.3x) of the exact p99: how
+    # far from it interpolation lands depends on the latencies, which a busy host shapes (1.18 s for 1.04 once)
+    bucketed = histogram_quantile(0.99, sc.LATENCY_BUCKETS, ttfts)
+    assert from_dashboard == pytest.approx(bucketed, rel=0.02), (from_dashboard, bucketed, exact)
+    assert exact / 1.3 < from_dashboard < exact * 1.3, (from_dashboard, exact)
 
 
 def test_every_dashboard_query_returns_data_from_instrumented_traffic(
