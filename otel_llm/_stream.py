@@ -15,7 +15,7 @@ import time
 from array import array
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, SupportsIndex
 
 import wrapt
 
@@ -164,7 +164,22 @@ def _gaps(op: Operation) -> array[int]:
     return op.gaps_ns
 
 
-class _Holder(wrapt.ObjectProxy[Any]):
+class Transparent(wrapt.ObjectProxy[Any]):
+    """A proxy of ours around a client's object that shows as that object where wrapt's would show itself: its repr,
+    and pickling, which is the object's own (a client's stream and response refuse it with a TypeError, as their
+    HTTP response holds locks; wrapt's proxy raises NotImplementedError)."""
+
+    def __repr__(self) -> str:
+        return repr(self.__wrapped__)
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
+        return self.__wrapped__.__reduce_ex__(protocol)
+
+    def __reduce__(self) -> Any:
+        return self.__wrapped__.__reduce__()
+
+
+class _Holder(Transparent):
     """A proxy the caller holds while its operation goes on: the last one dropped unfinished abandons it. A copy
     (``copy.copy``) is the client's shallow copy, which shares the response and the chunks, in a proxy that shares
     the operation; a deep copy is the client's (it refuses one of a stream: the response holds locks)."""
@@ -189,9 +204,6 @@ class _Holder(wrapt.ObjectProxy[Any]):
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
         return copy.deepcopy(self.__wrapped__, memo)
-
-    def __repr__(self) -> str:
-        return repr(self.__wrapped__)  # as the caller would see it without us (wrapt's names the proxy)
 
     def __del__(self) -> None:
         try:
@@ -448,7 +460,7 @@ class _ResponseLifecycle(_Holder):
             self._self_telemetry.finish(op, error_type, end_ns)
 
 
-class _Body(wrapt.ObjectProxy[Any]):
+class _Body(Transparent):
     """The byte stream of a raw response's HTTP response (httpx's ``Response.stream``), which the client reads when
     it parses the body and the caller when it reads the body itself: each part is activity, and its end the
     response complete (``Operation.done_ns``). Iterated as the HTTP library iterates its own."""

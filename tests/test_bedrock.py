@@ -14,6 +14,7 @@ import io
 import itertools
 import json
 import logging
+import pickle
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -1084,6 +1085,22 @@ def test_a_copy_of_a_stream_reads_on_in_the_same_operation(otel: Captured) -> No
         assert [e["contentBlockDelta"]["delta"]["text"] for e in events if "contentBlockDelta" in e] == TOKENS
     otel.assert_finished(None)
     assert attributes(otel.span())[sc.CONTENT_CHUNKS] == 3
+
+
+def test_pickling_a_stream_fails_as_botocores_own(instrument: Instrument) -> None:
+    def pickling_error() -> tuple[type[BaseException], str]:
+        with bedrock([wb.stream_reply(CONVERSE_STREAM.events(TOKENS, USAGE, None))]) as (client, _):
+            stream = client.converse_stream(modelId=MODEL, messages=MESSAGES)["stream"]
+            with pytest.raises(Exception) as raised:
+                pickle.dumps(stream)
+            stream.close()
+            return type(raised.value), str(raised.value)
+
+    without = pickling_error()
+    assert without[0] is TypeError
+    otel = instrument()
+    assert pickling_error() == without
+    assert len(otel.spans()) == 1
 
 
 def test_a_session_token_a_signature_error_quotes_is_not_recorded(otel: Captured) -> None:

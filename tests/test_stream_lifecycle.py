@@ -7,6 +7,7 @@ import contextlib
 import copy
 import gc
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -98,6 +99,36 @@ def test_a_stream_held_only_by_the_loop_reading_it_is_not_abandoned(otel: Captur
         read += 1
     assert read == 6
     otel.assert_finished(None)
+
+
+def _pickling_error(obj: object) -> tuple[type[BaseException], str]:
+    with pytest.raises(Exception) as raised:
+        pickle.dumps(obj)
+    return type(raised.value), str(raised.value)
+
+
+@pytest.mark.parametrize("kind", ["stream", "raw response", "streaming response"])
+def test_pickling_what_a_call_hands_back_fails_as_the_clients_own(instrument: Instrument, kind: str) -> None:
+    """The client's stream and responses refuse pickling with a TypeError (their HTTP response holds locks), which a
+    cache that falls back on TypeError relies on: with us they refuse it alike, not with wrapt's NotImplementedError."""
+    def pickling_error() -> tuple[type[BaseException], str]:
+        completions = sync_client(server())[0].chat.completions
+        if kind == "stream":
+            with completions.create(model="m", messages=MESSAGES, stream=True) as stream:
+                return _pickling_error(stream)
+        if kind == "raw response":
+            raw = completions.with_raw_response.create(model="m", messages=MESSAGES, stream=True)
+            error = _pickling_error(raw)
+            raw.parse().close()
+            return error
+        with completions.with_streaming_response.create(model="m", messages=MESSAGES) as response:
+            return _pickling_error(response)
+
+    without = pickling_error()
+    assert without[0] is TypeError and "pickle" in without[1]
+    otel = instrument()
+    assert pickling_error() == without
+    assert len(otel.spans()) == 1
 
 
 @pytest.mark.parametrize("kept", ["copy", "original"])

@@ -39,7 +39,7 @@ from otel_llm._operation import Request
 from otel_llm._patching import Provider, Target
 from otel_llm._redact import bearer_secrets
 from otel_llm._safety import report_failure
-from otel_llm._stream import CONTENT, DONE, OTHER
+from otel_llm._stream import CONTENT, DONE, OTHER, Transparent
 from otel_llm.providers import _claude
 from otel_llm.providers._values import count, field, number, parameter, text_counter
 
@@ -530,7 +530,7 @@ def _words(value: object) -> str | None:
 # --- endpoints ---------------------------------------------------------------------------------------------------
 
 
-class _EventIterator(wrapt.ObjectProxy[Any]):
+class _EventIterator(Transparent):
     """botocore's EventStream is iterable, not an iterator: this steps one iteration of it for the core's stream
     proxy (which wraps this, so the caller's object still is an EventStream). A mid-stream exception event is named
     by its code through ``read_error``, as a failed call is."""
@@ -544,9 +544,6 @@ class _EventIterator(wrapt.ObjectProxy[Any]):
 
     def __copy__(self) -> Any:
         return copy.copy(self.__wrapped__)  # a copy of the stream proxy steps through the proxy's own step
-
-    def __repr__(self) -> str:
-        return repr(self.__wrapped__)
 
 
 class _Replay(io.BytesIO):
