@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "overhead.py"
 NUMBER = r"[+-]?\d+\.\d+"
@@ -57,31 +54,3 @@ def test_peer_benchmark_times_openai_v2_beside_otel_llm() -> None:
     assert re.search(rf"^non-streaming\s+1\s+{delta}\s+\(as shipped\)\s+{delta}$", out, re.M), out
     for figure in ("fixed per stream", "per further chunk"):
         assert re.search(rf"^{figure}\s+1(\s+{NUMBER}){{3}}$", out, re.M), out
-
-
-@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
-def test_instruction_counts_see_the_instrumentation() -> None:
-    sys.path.insert(0, str(SCRIPT.parent))
-    import instructions
-
-    off, on, peer = (instructions.per_request(f"non-streaming {state}", few=1, many=9)
-                     for state in ("off", "on", instructions.PEER))
-    # per request, start-up and imports taken out: the span and records cost ~0.31 M instructions, far less than
-    # the client's own ~5 M; openai-v2, counted the same way, ~0.8 M. Beside other work (this suite runs two tests
-    # at once) a whole run's count moves by up to ~0.35 M: 8 requests apart, that is ~0.04 M a request
-    assert 100_000 < on - off < 0.2 * off
-    assert 100_000 < peer - off < 0.3 * off
-
-
-@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
-def test_cache_misses_are_simulated() -> None:
-    sys.path.insert(0, str(SCRIPT.parent))
-    import instructions
-
-    # one whole run (imports and start-up included; per-request differences of so few requests move by more than
-    # the instrumentation adds under the simulation): every figure parsed, each where a real run puts it
-    found = instructions.count("non-streaming off", 1, caches=True)
-    assert set(found) == {"instructions", *instructions.MISSES}
-    assert 100_000_000 < found["instructions"]
-    assert 0.001 * found["instructions"] < found["L1 data misses"] < 0.1 * found["instructions"]
-    assert 1_000 < found["L2 misses"] < found["L1 data misses"] + found["L1 instruction misses"]
