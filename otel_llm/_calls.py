@@ -20,6 +20,7 @@ from otel_llm._stream import (
     async_stream_proxy,
     helper_events,
     response_proxy,
+    stream_proxy,
 )
 from otel_llm._telemetry import live_telemetry
 
@@ -384,7 +385,7 @@ def _adopt(telemetry: Telemetry, endpoint: Endpoint, op: Operation, result: Any,
         if kind is _COMPLETE and op.request.stream:
             kind = _foreign_stream(result, is_async)
         if kind is _STREAM:
-            return StreamProxy(result, op, telemetry, _observer(endpoint, op), endpoint.read_error)
+            return stream_proxy(result, op, telemetry, _observer(endpoint, op), endpoint.read_error)
         if kind is _ASYNC_STREAM:
             return async_stream_proxy(result, op, telemetry, _observer(endpoint, op), endpoint.read_error)
         if kind is _RESPONSE or kind is _ASYNC_RESPONSE:  # made only here: most results are complete

@@ -230,7 +230,7 @@ class _StreamLifecycle(_Holder):
         self._self_telemetry.finish(op, error_type, end_ns)
 
 
-class StreamProxy(_StreamLifecycle):
+class _SyncStream(_StreamLifecycle):
     def __init__(self, wrapped: Any, op: Operation, telemetry: Telemetry, observe: Observe,
                  read_error: ReadError) -> None:
         super().__init__(wrapped, op, telemetry)
@@ -240,6 +240,14 @@ class StreamProxy(_StreamLifecycle):
 
     def __iter__(self) -> Iterator[Any]:
         return _chunks(self, self._self_next)
+
+    def close(self) -> None:
+        self._self_closed()  # first: the close may end a read on another thread, which must not win the finish
+        self.__wrapped__.close()
+
+
+class StreamProxy(_SyncStream):
+    """A stream that is its own iterator and a context manager, as the clients' streams are."""
 
     def __next__(self) -> Any:
         return self._self_next()
@@ -251,12 +259,24 @@ class StreamProxy(_StreamLifecycle):
                  tb: TracebackType | None) -> None:
         self.close()
 
-    def close(self) -> None:
-        self._self_closed()  # first: the close may end a read on another thread, which must not win the finish
-        self.__wrapped__.close()
+
+class _IterableStreamProxy(_SyncStream):
+    """A stream that is only iterable (botocore's EventStream): ``next()`` and ``with`` on it fail with a TypeError,
+    as on the caller's object without us."""
+
+    def __enter__(self) -> None:  # wrapt's would look the object's up: an AttributeError (__class__: the caller's)
+        raise TypeError(f"{self.__class__.__name__!r} object does not support the context manager protocol")
 
 
-def _chunks(proxy: StreamProxy, step: Callable[[], Any]) -> Iterator[Any]:
+def stream_proxy(wrapped: Any, op: Operation, telemetry: Telemetry, observe: Observe,
+                 read_error: ReadError) -> _SyncStream:
+    # the caller's class: wrapt's __class__ of an adapter's own proxy around it (Bedrock's step) is the stream's
+    kind = wrapped.__class__
+    proxy = StreamProxy if hasattr(kind, "__next__") or hasattr(kind, "__enter__") else _IterableStreamProxy
+    return proxy(wrapped, op, telemetry, observe, read_error)
+
+
+def _chunks(proxy: _SyncStream, step: Callable[[], Any]) -> Iterator[Any]:
     """What ``iter(stream)`` hands out: a generator of the stream's chunks, as the client's own ``__iter__`` is, so
     closing it closes only it. Its frame holds the proxy, which ``for chunk in ...create(stream=True)`` holds by no
     other reference: the stream is not abandoned while it is read."""

@@ -1087,6 +1087,25 @@ def test_a_copy_of_a_stream_reads_on_in_the_same_operation(otel: Captured) -> No
     assert attributes(otel.span())[sc.CONTENT_CHUNKS] == 3
 
 
+def test_an_event_stream_is_iterable_only_as_botocores_own(instrument: Instrument) -> None:
+    """botocore's EventStream is neither an iterator nor a context manager: next() and with fail on it with a
+    TypeError, with us as without, so a program that runs instrumented runs without us too."""
+    def misuse() -> str:
+        with bedrock([wb.stream_reply(CONVERSE_STREAM.events(TOKENS, USAGE, None))]) as (client, _):
+            stream = client.converse_stream(modelId=MODEL, messages=MESSAGES)["stream"]
+            with pytest.raises(TypeError, match="not an iterator"):
+                next(stream)
+            with pytest.raises(TypeError, match="context manager") as raised, stream:
+                pass
+            assert len(list(stream)) == 7  # and iterated, it reads on as ever
+            return str(raised.value)
+
+    without = misuse()
+    otel = instrument()
+    assert misuse() == without
+    otel.assert_finished(None)
+
+
 def test_pickling_a_stream_fails_as_botocores_own(instrument: Instrument) -> None:
     def pickling_error() -> tuple[type[BaseException], str]:
         with bedrock([wb.stream_reply(CONVERSE_STREAM.events(TOKENS, USAGE, None))]) as (client, _):
