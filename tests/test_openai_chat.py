@@ -1008,15 +1008,24 @@ def test_a_final_object_another_library_hands_back_for_a_stream_is_read_as_one(
 
 
 def test_prompt_length_counts_the_text_of_every_message_shape(otel: Captured) -> None:
-    answered_before = openai.types.chat.ChatCompletionMessage(role="assistant", content="Earlier answer")
+    """Every text the model reads again: content and its parts, and the earlier turns' tool calls (their arguments;
+    the tool's name and id are not text of the conversation) passed back as dicts or as the client's objects."""
+    call = openai.types.chat.ChatCompletionMessageFunctionToolCall(
+        id="call_2", type="function", function={"name": "lookup", "arguments": '{"q": "x"}'})
+    answered_before = openai.types.chat.ChatCompletionMessage(role="assistant", content="Earlier answer",
+                                                              tool_calls=[call])
     messages = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": [{"type": "text", "text": "What is in"},
                                      {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]},
-        answered_before,  # a message object passed back in
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "42"},
+        answered_before,  # a message object passed back in
+        {"role": "assistant", "function_call": {"name": "legacy", "arguments": "{}"}},
     ]
     chat(False, openai_server(tokens=TOKENS, usage=USAGE), model="gpt-4o-mini", messages=messages)
-    expected = len("Be brief.") + len("What is in") + len("Earlier answer") + len("42")
+    expected = (len("Be brief.") + len("What is in") + len('{"city": "Paris"}') + len("42") + len("Earlier answer")
+                + len('{"q": "x"}') + len("{}"))
     assert attributes(otel.span())[sc.PROMPT_LENGTH] == expected
     assert otel.point(sc.STABLE_NAMES.prompt_length.name).sum == expected

@@ -463,6 +463,17 @@ def test_responses_plain(otel: Captured) -> None:
     assert attrs[sc.USAGE_OUTPUT_TOKENS] == 3
 
 
+def test_responses_prompt_length_counts_earlier_function_calls_and_their_outputs(otel: Captured) -> None:
+    client, _ = sync_client([wire.Reply.json(wire.response_body("xyz", usage=USAGE))])
+    client.responses.create(model="gpt-4.1", instructions="be brief", input=[
+        {"role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
+        {"type": "function_call", "call_id": "call_1", "name": "weather", "arguments": '{"city": "Paris"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+    ])
+    expected = len("be brief") + len("weather?") + len('{"city": "Paris"}') + len("sunny")
+    assert attributes(otel.span())[sc.PROMPT_LENGTH] == expected
+
+
 def _resume_helper(client: openai.OpenAI) -> None:
     with client.responses.stream(response_id="resp_abc", starting_after=3) as stream:
         stream.until_done()

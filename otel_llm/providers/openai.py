@@ -145,8 +145,9 @@ _MISSING = object()
 _servers: dict[int, tuple[Any, type, tuple[str, str | None, int | None]]] = {}
 
 
-# a prompt's text: message content, content parts' text, Responses items' output
-_text_chars = text_counter("content", "text", "output")
+# a prompt's text: message content, content parts' text, and what earlier turns passed back: tool calls' arguments
+# (chat messages' tool_calls and legacy function_call, Responses function_call items) and tool outputs
+_text_chars = text_counter("content", "text", "output", "arguments", "tool_calls", "function", "function_call")
 
 
 def _part(part: Any) -> Part:
