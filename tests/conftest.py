@@ -6,6 +6,7 @@ import asyncio
 import gc
 import logging
 import os
+import pickle
 
 # our own failures must fail the tests instead of being logged and swallowed; set before otel_llm is imported
 os.environ["OTEL_LLM_STRICT"] = "1"
@@ -219,6 +220,13 @@ def received(call: Callable[[], Iterable[Any]]) -> Received:
     except Exception as error:
         return items, type(error).__name__
     return items, None
+
+
+def pickling_error(obj: object) -> tuple[type[BaseException], str]:
+    """What pickling ``obj`` raises: its type and message."""
+    with pytest.raises(Exception) as raised:
+        pickle.dumps(obj)
+    return type(raised.value), str(raised.value)
 
 
 def assert_read_alike_and_recorded(instrument: Instrument, monkeypatch: pytest.MonkeyPatch,

@@ -7,7 +7,6 @@ import contextlib
 import copy
 import gc
 import os
-import pickle
 import re
 import subprocess
 import sys
@@ -24,7 +23,17 @@ import openai
 import pytest
 import trio
 import wire
-from conftest import API_KEY, Captured, Instrument, async_client, attributes, cancel_midway, openai_server, sync_client
+from conftest import (
+    API_KEY,
+    Captured,
+    Instrument,
+    async_client,
+    attributes,
+    cancel_midway,
+    openai_server,
+    pickling_error,
+    sync_client,
+)
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
@@ -101,33 +110,27 @@ def test_a_stream_held_only_by_the_loop_reading_it_is_not_abandoned(otel: Captur
     otel.assert_finished(None)
 
 
-def _pickling_error(obj: object) -> tuple[type[BaseException], str]:
-    with pytest.raises(Exception) as raised:
-        pickle.dumps(obj)
-    return type(raised.value), str(raised.value)
-
-
 @pytest.mark.parametrize("kind", ["stream", "raw response", "streaming response"])
 def test_pickling_what_a_call_hands_back_fails_as_the_clients_own(instrument: Instrument, kind: str) -> None:
     """The client's stream and responses refuse pickling with a TypeError (their HTTP response holds locks), which a
     cache that falls back on TypeError relies on: with us they refuse it alike, not with wrapt's NotImplementedError."""
-    def pickling_error() -> tuple[type[BaseException], str]:
+    def refusal() -> tuple[type[BaseException], str]:
         completions = sync_client(server())[0].chat.completions
         if kind == "stream":
             with completions.create(model="m", messages=MESSAGES, stream=True) as stream:
-                return _pickling_error(stream)
+                return pickling_error(stream)
         if kind == "raw response":
             raw = completions.with_raw_response.create(model="m", messages=MESSAGES, stream=True)
-            error = _pickling_error(raw)
+            error = pickling_error(raw)
             raw.parse().close()
             return error
         with completions.with_streaming_response.create(model="m", messages=MESSAGES) as response:
-            return _pickling_error(response)
+            return pickling_error(response)
 
-    without = pickling_error()
+    without = refusal()
     assert without[0] is TypeError and "pickle" in without[1]
     otel = instrument()
-    assert pickling_error() == without
+    assert refusal() == without
     assert len(otel.spans()) == 1
 
 
