@@ -5,6 +5,7 @@ streaming responses, 429/529 with retries, the Bedrock and Vertex clients, and t
 from __future__ import annotations
 
 import asyncio
+import datetime
 import gc
 import itertools
 import json
@@ -322,6 +323,44 @@ def test_prompt_length_counts_text_of_blocks_and_of_a_response_passed_back(otel:
     client.messages.create(model=MODEL, max_tokens=64, system=system, messages=messages)  # type: ignore[arg-type]
     second = otel.spans()[1]
     assert attributes(second)[sc.PROMPT_LENGTH] == len("You are terse.What is this?Hello world18 C")
+
+
+def test_prompt_length_counts_earlier_tool_calls_input_as_the_json_sent(otel: Captured) -> None:
+    """A tool loop sends the model's earlier tool_use blocks back: their input is JSON the model reads, counted as
+    the client writes it (compact, unescaped), whether passed back as the client's block or as a dict; the tool's
+    name and id are not text of the conversation."""
+    called = {**wa.message_body("", usage=USAGE, stop_reason="tool_use"), "content": [
+        {"type": "text", "text": "Checking."},
+        {"type": "tool_use", "id": wa.TOOL_USE_ID, "name": wa.TOOL_NAME, "input": {"city": "Zürich", "days": 2}}]}
+    client, server = sync_client([wa.json_reply(called)] + [wa.json_reply(wa.message_body("Mild", usage=USAGE))] * 2)
+    first = client.messages.create(**REQUEST)
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": wa.TOOL_USE_ID, "content": "18 C"}]}
+    as_returned = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": first.content}, result]
+    as_dicts = [{"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": [block.model_dump() for block in first.content]}, result]
+    for messages in (as_returned, as_dicts):
+        client.messages.create(model=MODEL, max_tokens=64, messages=messages)  # type: ignore[arg-type]
+    sent = json.loads(server.requests[1].body)["messages"][1]["content"][1]["input"]
+    assert json.dumps(sent, ensure_ascii=False, separators=(",", ":")) == '{"city":"Zürich","days":2}'
+    expected = len("Weather?") + len("Checking.") + len('{"city":"Zürich","days":2}') + len("18 C")
+    assert [attributes(span)[sc.PROMPT_LENGTH] for span in otel.spans()[1:]] == [expected, expected]
+
+
+def test_prompt_length_counts_a_tool_input_json_cannot_write_as_the_client_sends_it(otel: Captured) -> None:
+    # the client writes a date as text; a value it cannot send at all (circular) is the client's to refuse
+    client, server = sync_client([wa.json_reply(wa.message_body("Mild", usage=USAGE))])
+
+    def create(tool_input: dict[str, Any]) -> None:
+        client.messages.create(model=MODEL, max_tokens=64, messages=[{"role": "assistant", "content": [
+            {"type": "tool_use", "id": wa.TOOL_USE_ID, "name": wa.TOOL_NAME, "input": tool_input}]}])
+
+    create({"day": datetime.date(2026, 1, 2)})
+    circular: dict[str, Any] = {"note": "x"}
+    circular["self"] = circular
+    with pytest.raises(ValueError, match="Circular reference"):
+        create(circular)
+    assert json.loads(server.requests[0].body)["messages"][0]["content"][0]["input"] == {"day": "2026-01-02"}
+    assert [attributes(span).get(sc.PROMPT_LENGTH) for span in otel.spans()] == [len('{"day":"2026-01-02"}'), 0]
 
 
 # --- every way a stream finishes ---------------------------------------------------------------------------------

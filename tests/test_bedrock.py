@@ -220,6 +220,25 @@ def test_converse_is_one_span_with_usage_and_bedrocks_own_latency(otel: Captured
     assert (prompt.count, prompt.sum) == (1, PROMPT_CHARS)
 
 
+def test_prompt_length_counts_earlier_tool_calls_input_and_json_results_as_the_json_sent(otel: Captured) -> None:
+    """A tool loop sends the model's toolUse back, and the tool's result, as text or as JSON: the JSON counted as
+    it goes out (compact, unescaped); the tool's name and ids are not text of the conversation."""
+    tool_use = {"toolUse": {"toolUseId": "tooluse_1", "name": "get_weather", "input": {"city": "Zürich", "days": 2}}}
+    messages = [
+        {"role": "user", "content": [{"text": "Weather?"}]},
+        {"role": "assistant", "content": [{"text": "Checking."}, tool_use]},
+        {"role": "user", "content": [{"toolResult": {"toolUseId": "tooluse_1", "status": "success", "content": [
+            {"text": "18 C"}, {"json": {"wind": "calm"}}]}}]},
+    ]
+    with bedrock([wb.converse_reply(wb.converse_body("Mild", usage=USAGE, latency_ms=5))]) as (client, server):
+        client.converse(modelId=MODEL, messages=messages)
+    sent = json.loads(server.requests[0].body)["messages"]
+    assert json.dumps(sent[1]["content"][1]["toolUse"]["input"], ensure_ascii=False, separators=(",", ":")) == (
+        '{"city":"Zürich","days":2}')
+    expected = len("Weather?Checking.") + len('{"city":"Zürich","days":2}') + len("18 C") + len('{"wind":"calm"}')
+    assert attributes(otel.span())[sc.PROMPT_LENGTH] == expected
+
+
 def test_converse_stream_is_one_span_with_ttft_usage_and_bedrocks_own_latency(otel: Captured) -> None:
     # pauses: 20 ms to the headers, messageStart (not a token) after 10 ms, the first token 30 ms later, then 10 ms
     reply = wb.stream_reply(wb.converse_stream(TOKENS, usage=USAGE, latency_ms=90), headers_delay=0.02,

@@ -3,6 +3,7 @@ validating them, so a count may arrive as anything the server sent: what is not 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -66,12 +67,13 @@ def field(value: Any, name: str) -> Any:
     return found
 
 
-def text_counter(*keys: str) -> Callable[[object], int]:
+def text_counter(*keys: str, json_keys: tuple[str, ...] = ()) -> Callable[[object], int]:
     """How many characters of text a prompt holds: a string, the values under ``keys`` of a dict or attributes of an
-    object (a message or block passed back as the client returned it), through lists. It runs before every call
-    over the whole conversation: the first key (where a message keeps its text) is read first, the others not in a
-    bare ``{"role", "content"}`` message, and no Mapping ABC is asked per message."""
-    first, others = keys[0], keys[1:]
+    object (a message or block passed back as the client returned it), through lists. Under ``json_keys`` sits a
+    JSON value the model reads as such (a tool call's input passed back): its length as the client sends it. It runs
+    before every call over the whole conversation: the first key (where a message keeps its text) is read first,
+    the others not in a bare ``{"role", "content"}`` message, and no Mapping ABC is asked per message."""
+    first = keys[0]
 
     def count(value: object) -> int:
         if isinstance(value, str):
@@ -82,15 +84,24 @@ def text_counter(*keys: str) -> Callable[[object], int]:
             item = value.get(first)
             total = 0 if item is None else len(item) if isinstance(item, str) else count(item)
             if item is None or len(value) > 2 or "role" not in value:
-                for key in others:
+                for key, counted in others:
                     if key in value:
-                        total += count(value[key])
+                        total += counted(value[key])
             return total
         if value is None or isinstance(value, (int, float, bytes)):
             return 0
         fields = getattr(value, "__dict__", None)  # a pydantic model's: looking up a field it lacks costs ~2 us
         if isinstance(fields, dict):
             return count(fields)
-        return sum(count(getattr(value, key, None)) for key in keys)
+        return sum(counted(getattr(value, key, None)) for key, counted in ((first, count), *others))
 
+    def count_json(value: object) -> int:
+        if value is None or isinstance(value, str):
+            return count(value)
+        try:  # a date or the like as text, as the clients send it
+            return len(json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str))
+        except (TypeError, ValueError, RecursionError):  # not JSON (a circular value: the client refuses it): its text
+            return count(value)
+
+    others = tuple((key, count) for key in keys[1:]) + tuple((key, count_json) for key in json_keys)
     return count

@@ -82,8 +82,8 @@ _HEADERS = ResponseHeaders(tuple(
 _SAMPLING = (("max_tokens", sc.REQUEST_MAX_TOKENS), ("temperature", sc.REQUEST_TEMPERATURE),
              ("top_p", sc.REQUEST_TOP_P), ("top_k", sc.REQUEST_TOP_K))
 
-# a prompt's text: a message's or tool result's content, a block's text
-_text_chars = text_counter("content", "text")
+# a prompt's text: a message's or tool result's content, a block's text, and an earlier tool call's input (JSON)
+_text_chars = text_counter("content", "text", json_keys=("input",))
 
 
 def _describe(instance: Any, kwargs: Mapping[str, Any], settings: Settings, *, stream: bool) -> Request:

@@ -66,7 +66,8 @@ _PARAMETERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 _STOP_KEYS = ("stop_sequences", "stopSequences", "stop")
 # where input text sits: converse's arguments and every body format's top level; then inside messages and blocks
 _PROMPT_KEYS = ("system", "messages", "prompt", "inputText", "message", "chat_history", "preamble", "texts")
-_text_chars = text_counter("content", "text", "message", "toolResult")
+# tool calls passed back: a toolUse's input, and a toolResult's json blocks, are JSON the model reads
+_text_chars = text_counter("content", "text", "message", "toolResult", "toolUse", json_keys=("input", "json"))
 
 _TOKEN_HEADERS = ("x-amzn-bedrock-input-token-count", "x-amzn-bedrock-output-token-count",
                   "x-amzn-bedrock-cache-read-input-token-count", "x-amzn-bedrock-cache-write-input-token-count")
