@@ -30,6 +30,12 @@ EMBEDDINGS_DIMENSION_COUNT: Final = "gen_ai.embeddings.dimension.count"
 OPENAI_REQUEST_SERVICE_TIER: Final = "openai.request.service_tier"  # when asked for, unless "auto"
 OPENAI_RESPONSE_SERVICE_TIER: Final = "openai.response.service_tier"
 OPENAI_RESPONSE_SYSTEM_FINGERPRINT: Final = "openai.response.system_fingerprint"
+# which of the client's APIs a call went through: the conventions name two, the others are named as their paths
+OPENAI_API_TYPE: Final = "openai.api.type"
+OPENAI_API_CHAT_COMPLETIONS: Final = "chat_completions"
+OPENAI_API_RESPONSES: Final = "responses"
+OPENAI_API_COMPLETIONS: Final = "completions"
+OPENAI_API_EMBEDDINGS: Final = "embeddings"
 REQUEST_TOP_K: Final = "gen_ai.request.top_k"
 # request parameters the conventions type as double (v1.41: top_k too); the others are int
 DOUBLE_PARAMETERS: Final = frozenset((REQUEST_TEMPERATURE, REQUEST_TOP_P, REQUEST_TOP_K, REQUEST_FREQUENCY_PENALTY,

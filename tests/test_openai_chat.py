@@ -86,6 +86,7 @@ def test_streamed_chat_is_one_span_with_latency_and_usage(otel: Captured, is_asy
                                                  sc.TIME_PER_OUTPUT_TOKEN, sc.TIME_TO_HEADERS)}
     assert attrs == {
         **base_attributes(),
+        sc.OPENAI_API_TYPE: sc.OPENAI_API_CHAT_COMPLETIONS,  # on the span only: no metric series more
         sc.REQUEST_STREAM: True,
         sc.PROMPT_LENGTH: PROMPT_CHARS,
         sc.REQUEST_TEMPERATURE: 0.2,
@@ -146,6 +147,7 @@ def test_plain_chat_records_duration_and_usage_but_no_stream_metrics(otel: Captu
     assert attrs.pop(sc.TIME_TO_HEADERS) > 0
     assert attrs == {
         **base_attributes(),
+        sc.OPENAI_API_TYPE: sc.OPENAI_API_CHAT_COMPLETIONS,
         sc.REQUEST_STREAM: False,
         sc.PROMPT_LENGTH: PROMPT_CHARS,
         sc.REQUEST_SEED: 7,

@@ -459,8 +459,11 @@ def test_responses_plain(otel: Captured) -> None:
     assert response.output_text == "xyz"
     attrs = attributes(otel.span())
     assert attrs[sc.REQUEST_STREAM] is False
+    assert attrs[sc.OPENAI_API_TYPE] == sc.OPENAI_API_RESPONSES
     assert attrs[sc.PROMPT_LENGTH] == 5
     assert attrs[sc.USAGE_OUTPUT_TOKENS] == 3
+    # the API is a span's detail: the metric points of both APIs stay one series per model
+    assert sc.OPENAI_API_TYPE not in otel.point(sc.STABLE_NAMES.duration.name).attributes
 
 
 def test_responses_prompt_length_counts_earlier_function_calls_and_their_outputs(otel: Captured) -> None:
@@ -725,7 +728,7 @@ def test_legacy_completion_stream(otel: Captured) -> None:
     span = otel.span()
     assert span.name == "text_completion gpt-3.5-turbo-instruct"
     attrs = attributes(span)
-    assert attrs[sc.OPERATION_NAME] == "text_completion"
+    assert (attrs[sc.OPERATION_NAME], attrs[sc.OPENAI_API_TYPE]) == ("text_completion", "completions")
     assert attrs[sc.CONTENT_CHUNKS] == 3
     assert attrs[sc.USAGE_OUTPUT_TOKENS] == 3
 
@@ -737,7 +740,7 @@ def test_embeddings(otel: Captured) -> None:
                                       encoding_format="float")
     assert len(result.data) == 2
     attrs = attributes(otel.span())
-    assert attrs[sc.OPERATION_NAME] == "embeddings"
+    assert (attrs[sc.OPERATION_NAME], attrs[sc.OPENAI_API_TYPE]) == ("embeddings", "embeddings")
     assert (attrs[sc.EMBEDDINGS_DIMENSION_COUNT], attrs[sc.REQUEST_ENCODING_FORMATS]) == (2, ("float",))
     assert attrs[sc.PROMPT_LENGTH] == 5
     assert attrs[sc.USAGE_INPUT_TOKENS] == 6

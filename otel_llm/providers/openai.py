@@ -576,6 +576,7 @@ def _locates_stream_options(item: object) -> bool:
 
 class _Endpoint:
     operation = sc.OP_CHAT
+    api_type: str  # openai.api.type
     prompt_keys: tuple[str, ...] = ()
     stream_usage = False  # does this endpoint take stream_options.include_usage?
     answers = True  # does its response hold output messages?
@@ -599,6 +600,7 @@ class _Endpoint:
             attributes=_request_parameters(kwargs),
             client=getattr(instance, "_client", None),
         )
+        request.attributes[sc.OPENAI_API_TYPE] = self.api_type
         output_type = _output_type(kwargs)
         if output_type is not None:
             request.attributes[sc.OUTPUT_TYPE] = output_type
@@ -703,6 +705,7 @@ class _Endpoint:
 
 
 class _ChatCompletions(_Endpoint):
+    api_type = sc.OPENAI_API_CHAT_COMPLETIONS
     prompt_keys = ("messages",)
     stream_usage = True
 
@@ -787,6 +790,7 @@ class _ChatCompletions(_Endpoint):
 
 
 class _Responses(_Endpoint):
+    api_type = sc.OPENAI_API_RESPONSES
     prompt_keys = ("instructions", "input")
 
     def describe(self, instance: Any, kwargs: dict[str, Any], settings: Settings) -> Request:
@@ -852,6 +856,7 @@ class _Responses(_Endpoint):
 
 class _Completions(_Endpoint):
     operation = sc.OP_TEXT_COMPLETION
+    api_type = sc.OPENAI_API_COMPLETIONS
     prompt_keys = ("prompt",)
     stream_usage = True
 
@@ -892,6 +897,7 @@ class _Completions(_Endpoint):
 
 class _Embeddings(_Endpoint):
     operation = sc.OP_EMBEDDINGS
+    api_type = sc.OPENAI_API_EMBEDDINGS
     prompt_keys = ("input",)
     answers = False
 
