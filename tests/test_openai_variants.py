@@ -15,6 +15,7 @@ import pytest
 import wire
 from conftest import API_KEY, Captured, async_client, attributes, openai_server, sync_client
 from openai.types.chat import ChatCompletionChunk
+from opentelemetry import trace
 
 from otel_llm import _semconv as sc
 
@@ -532,6 +533,70 @@ def test_retrieving_a_stored_response_calls_no_model(otel: Captured) -> None:
     client, _ = sync_client([wire.Reply.json(wire.response_body("xyz", usage=USAGE))])
     assert client.responses.retrieve("resp_abc").output_text == "xyz"
     assert otel.spans() == [] and otel.metrics() == {}
+
+
+COMPACT_INPUT = [{"role": "user", "content": "Plan a trip"}, {"role": "assistant", "content": "Paris, 3 days"},
+                 {"role": "user", "content": "Make it cheaper"}]
+COMPACT_USAGE = wire.Usage(input=1200, output=80, cached=1000, reasoning=40)
+
+
+def _compact(resource: Any, how: str) -> Any:
+    if how == "with_raw_response":
+        return resource.with_raw_response.compact(model="gpt-5.4", input=COMPACT_INPUT).parse()
+    return resource.compact(model="gpt-5.4", input=COMPACT_INPUT)
+
+
+async def _compact_async(resource: Any, how: str) -> Any:
+    if how == "with_raw_response":
+        return (await resource.with_raw_response.compact(model="gpt-5.4", input=COMPACT_INPUT)).parse()
+    return await resource.compact(model="gpt-5.4", input=COMPACT_INPUT)
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("how", ["compact", "with_raw_response"])
+@pytest.mark.parametrize("api", ["responses", "beta.responses"])
+def test_a_compaction_is_a_chat_operation_billed_in_tokens(otel: Captured, is_async: bool, how: str,
+                                                            api: str) -> None:
+    """responses.compact() runs the model over the conversation: its wait and its tokens are the application's as
+    much as an answer's. No model is named in its response, and it has no finish reason."""
+    body = wire.compaction_body(["Plan a trip", "Make it cheaper"], usage=COMPACT_USAGE)
+    client, recorder = (async_client if is_async else sync_client)([wire.Reply.json(body)])
+    resource = client.beta.responses if api == "beta.responses" else client.responses
+    result = asyncio.run(_compact_async(resource, how)) if is_async else _compact(resource, how)
+    assert recorder.requests[0].path == "/v1/responses/compact"
+    compacted = "BetaCompactedResponse" if api == "beta.responses" else "CompactedResponse"
+    assert (type(result).__name__, result.id, [item.type for item in result.output]) == (
+        compacted, "cmp_abc", ["message", "message", "compaction"])
+
+    span = otel.span()
+    assert (span.name, span.status.status_code) == ("chat gpt-5.4", trace.StatusCode.UNSET)
+    attrs = dict(attributes(span))
+    assert attrs.pop(sc.TIME_TO_HEADERS) > 0
+    assert attrs == {
+        sc.OPERATION_NAME: "chat", sc.PROVIDER_NAME: "openai", sc.REQUEST_MODEL: "gpt-5.4",
+        sc.SERVER_ADDRESS: "api.openai.com", sc.SERVER_PORT: 443,
+        sc.OPENAI_API_TYPE: sc.OPENAI_API_RESPONSES,
+        sc.REQUEST_STREAM: False,
+        sc.PROMPT_LENGTH: len("Plan a tripParis, 3 daysMake it cheaper"),
+        sc.RESPONSE_ID: "cmp_abc",
+        sc.OPENAI_RESPONSE_SERVICE_TIER: "default",
+        sc.USAGE_INPUT_TOKENS: 1200,
+        sc.USAGE_OUTPUT_TOKENS: 80,
+        sc.USAGE_CACHE_READ_INPUT_TOKENS: 1000,
+        sc.USAGE_CACHE_CREATION_INPUT_TOKENS: 0,  # as the server reports it
+        sc.USAGE_REASONING_OUTPUT_TOKENS: 40,
+    }
+    assert otel.point(sc.STABLE_NAMES.duration.name).count == 1
+    usage_name = sc.STABLE_NAMES.token_usage.name  # type: ignore[union-attr]
+    assert [otel.point(usage_name, gen_ai__token__type=kind).sum for kind in ("input", "output")] == [1200, 80]
+
+
+def test_a_refused_compaction_passes_the_clients_error_and_is_recorded_under_its_class(otel: Captured) -> None:
+    client, _ = sync_client([wire.Reply.json(wire.error_body("Rate limit reached", type="requests"), status=429)])
+    with pytest.raises(openai.RateLimitError, match="Rate limit reached"):
+        client.responses.compact(model="gpt-5.4", input=COMPACT_INPUT)
+    span = otel.span()
+    assert (span.status.status_code, attributes(span)[sc.ERROR_TYPE]) == (trace.StatusCode.ERROR, "RateLimitError")
 
 
 # the attributes that hold times, which differ call to call

@@ -3,7 +3,7 @@
 Three layers, each usable on its own:
 
 * Body builders: byte-exact SSE events and JSON bodies in OpenAI's shapes (`chat_stream`, `responses_stream`,
-  `completion_stream`, `chat_completion_body`, `response_body`, `completion_body`, `embedding_body`,
+  `completion_stream`, `chat_completion_body`, `response_body`, `compaction_body`, `completion_body`, `embedding_body`,
   `error_body`, `sse_error_event`).
 * `Reply`: one scripted HTTP response - status, headers, body, pauses, and an optional mid-body disconnect.
 * Two transports serving queued replies and recording every request (`RecordedRequest`, with server-side
@@ -266,6 +266,15 @@ def chat_completion_body(
 def response_body(text: str, *, model: str = CHAT_MODEL, id: str = "resp_abc", usage: Usage | None = None) -> Json:
     """A non-streamed, completed /v1/responses body holding one text message."""
     return _response(id, model, "completed", [_message_item(text)], usage)
+
+
+def compaction_body(user_texts: list[str], *, id: str = "cmp_abc", usage: Usage) -> Json:
+    """A /v1/responses/compact body: the user messages kept, then one encrypted compaction item."""
+    kept = [{"id": f"msg_{index}", "type": "message", "status": "completed", "role": "user",
+             "content": [{"type": "input_text", "text": text}]} for index, text in enumerate(user_texts)]
+    compacted = {"id": "cmp_item_1", "type": "compaction", "encrypted_content": "gAAAAABpZ2VuY3J5cHRlZA=="}
+    return {"id": id, "object": "response.compaction", "created_at": CREATED, "output": [*kept, compacted],
+            "usage": _responses_usage(usage), "service_tier": "default"}
 
 
 def completion_body(

@@ -854,6 +854,19 @@ class _Responses(_Endpoint):
         return OTHER
 
 
+class _Compaction(_Responses):
+    """``responses.compact()``: a model pass, billed in tokens, that shortens a conversation to its user messages and
+    one encrypted compaction item. No answer, no model named in the response, never streamed."""
+
+    answers = False
+
+    def read_final(self, op: Operation, result: Any) -> None:
+        op.response_id = result.id
+        _read_served(op, result)
+        if result.usage is not None:
+            _read_usage(op, result.usage, _RESPONSES_USAGE)
+
+
 class _Completions(_Endpoint):
     operation = sc.OP_TEXT_COMPLETION
     api_type = sc.OPENAI_API_COMPLETIONS
@@ -938,6 +951,7 @@ def _parsing_response(op: Operation, args: tuple[Any, ...], kwargs: dict[str, An
 
 
 _CHAT, _RESPONSES, _COMPLETIONS, _EMBEDDINGS = _ChatCompletions(), _Responses(), _Completions(), _Embeddings()
+_COMPACTION = _Compaction()
 _CHAT_MODULE = "openai.resources.chat.completions.completions"
 _RESPONSES_MODULE = "openai.resources.responses.responses"
 # client.beta.responses (openai 3.x): the Responses API's beta features, the same calls, events and usage
@@ -958,10 +972,14 @@ PROVIDER = Provider(
         # fetches a stored object, and calls no model
         Target(_RESPONSES_MODULE, "Responses.retrieve", selected(sync_call(_RESPONSES), streams)),
         Target(_RESPONSES_MODULE, "AsyncResponses.retrieve", selected(async_call(_RESPONSES), streams)),
+        Target(_RESPONSES_MODULE, "Responses.compact", sync_call(_COMPACTION)),
+        Target(_RESPONSES_MODULE, "AsyncResponses.compact", async_call(_COMPACTION)),
         Target(_BETA_RESPONSES_MODULE, "Responses.create", sync_call(_RESPONSES)),
         Target(_BETA_RESPONSES_MODULE, "AsyncResponses.create", async_call(_RESPONSES)),
         Target(_BETA_RESPONSES_MODULE, "Responses.retrieve", selected(sync_call(_RESPONSES), streams)),
         Target(_BETA_RESPONSES_MODULE, "AsyncResponses.retrieve", selected(async_call(_RESPONSES), streams)),
+        Target(_BETA_RESPONSES_MODULE, "Responses.compact", sync_call(_COMPACTION)),
+        Target(_BETA_RESPONSES_MODULE, "AsyncResponses.compact", async_call(_COMPACTION)),
         Target("openai.resources.completions", "Completions.create", sync_call(_COMPLETIONS)),
         Target("openai.resources.completions", "AsyncCompletions.create", async_call(_COMPLETIONS)),
         Target("openai.resources.embeddings", "Embeddings.create", sync_call(_EMBEDDINGS)),
