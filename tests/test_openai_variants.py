@@ -543,17 +543,23 @@ COMPACT_USAGE = wire.Usage(input=1200, output=80, cached=1000, reasoning=40)
 def _compact(resource: Any, how: str) -> Any:
     if how == "with_raw_response":
         return resource.with_raw_response.compact(model="gpt-5.4", input=COMPACT_INPUT).parse()
+    if how == "with_streaming_response":
+        with resource.with_streaming_response.compact(model="gpt-5.4", input=COMPACT_INPUT) as response:
+            return response.parse()
     return resource.compact(model="gpt-5.4", input=COMPACT_INPUT)
 
 
 async def _compact_async(resource: Any, how: str) -> Any:
     if how == "with_raw_response":
         return (await resource.with_raw_response.compact(model="gpt-5.4", input=COMPACT_INPUT)).parse()
+    if how == "with_streaming_response":
+        async with resource.with_streaming_response.compact(model="gpt-5.4", input=COMPACT_INPUT) as response:
+            return await response.parse()
     return await resource.compact(model="gpt-5.4", input=COMPACT_INPUT)
 
 
 @pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
-@pytest.mark.parametrize("how", ["compact", "with_raw_response"])
+@pytest.mark.parametrize("how", ["compact", "with_raw_response", "with_streaming_response"])
 @pytest.mark.parametrize("api", ["responses", "beta.responses"])
 def test_a_compaction_is_a_chat_operation_billed_in_tokens(otel: Captured, is_async: bool, how: str,
                                                             api: str) -> None:
