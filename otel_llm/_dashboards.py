@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from functools import reduce
 from itertools import pairwise
 from pathlib import Path
 from typing import Any, Final
@@ -59,8 +60,11 @@ def _source(*pairs: tuple[sc.Instrument | None, str]) -> Source:
 TTFT: Final = _source((_S.time_to_first_chunk, ""), (_X.time_to_first_chunk, ""))
 TPOT: Final = _source((_S.time_per_output_token, ""), (_X.time_per_output_token, ""))
 CHUNK_GAP: Final = _source((_S.time_per_output_chunk, ""), (_X.time_per_output_chunk, ""))
-DURATION: Final = _source((_S.duration, ""), (_X.duration, ""))
-INPUT_TOKENS: Final = _source((_S.token_usage, f'{TOKEN_TYPE}="{sc.TOKEN_INPUT}"'), (_X.input_tokens, ""))
+# every operation's duration: the newer names keep embeddings' apart (same buckets), streams are inference only
+INFERENCE_DURATION: Final = _source((_S.duration, ""), (_X.duration, ""))
+DURATION: Final = _source((_S.duration, ""), (_X.duration, ""), (_X.embeddings_duration, ""))
+INPUT_TOKENS: Final = _source((_S.token_usage, f'{TOKEN_TYPE}="{sc.TOKEN_INPUT}"'), (_X.input_tokens, ""),
+                              (_X.embeddings_input_tokens, ""))
 OUTPUT_TOKENS: Final = _source((_S.token_usage, f'{TOKEN_TYPE}="{sc.TOKEN_OUTPUT}"'), (_X.output_tokens, ""))
 PROMPT_LENGTH: Final = _source((_S.prompt_length, ""), (_X.prompt_length, ""))
 RATE_LIMIT_REMAINING: Final = _source((_S.rate_limit_remaining, ""), (_X.rate_limit_remaining, ""))
@@ -93,10 +97,11 @@ def series(source: Source, suffix: str, *, extra: str = "", window: str = RATE, 
 
 
 def total(source: Source, suffix: str, by: Sequence[str] = (), **options: str) -> str:
-    """The sum of each name set's family, added where both have the group (an instance that switched sets within
-    the window) and each alone elsewhere, as the alert rules take them (``_rules.sum_by``)."""
+    """The sum of each family of ``source``, added where several have the group (an instance that switched name sets
+    within the window; embeddings and inference of one model) and each alone elsewhere, as the alert rules take
+    them (``_rules.sum_by``)."""
     sums = [f"sum{_by(by)}{' ' if by else ''}({series((family,), suffix, **options)})" for family in source]
-    return sums[0] if len(sums) == 1 else added(*sums)
+    return reduce(added, sums)
 
 
 def added(first: str, second: str) -> str:
@@ -126,7 +131,7 @@ def mean(source: Source, by: Sequence[str] = (), window: str = RATE) -> str:
 def streams(by: Sequence[str] = (), window: str = RATE) -> str:
     """Streamed requests as the TTFT SLO counts them (the alert rules' ``_streams``): those with a first token, and
     those that failed before one (in the duration histogram only); not those their caller ended before one."""
-    not_by_caller = total(DURATION, "_count", by, extra=f'{STREAM}="true", {_rules.NOT_CALLER_ENDED}',
+    not_by_caller = total(INFERENCE_DURATION, "_count", by, extra=f'{STREAM}="true", {_rules.NOT_CALLER_ENDED}',
                           window=window)
     by_caller_after_a_token = total(TTFT, "_count", by, extra=_rules.CALLER_ENDED, window=window)
     return added(not_by_caller, by_caller_after_a_token)

@@ -15,6 +15,7 @@ import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
+from functools import reduce
 from pathlib import Path
 from typing import Final
 
@@ -109,8 +110,14 @@ def _tpot_families() -> tuple[str, ...]:
     return family_names(sc.STABLE_NAMES.time_per_output_token, sc.LATEST_EXPERIMENTAL_NAMES.time_per_output_token)
 
 
-def _duration_families() -> tuple[str, ...]:
+def _inference_duration_families() -> tuple[str, ...]:
     return family_names(sc.STABLE_NAMES.duration, sc.LATEST_EXPERIMENTAL_NAMES.duration)
+
+
+def _duration_families() -> tuple[str, ...]:
+    """Every operation's: the newer names keep embeddings' duration apart from inference."""
+    return family_names(sc.STABLE_NAMES.duration, sc.LATEST_EXPERIMENTAL_NAMES.duration,
+                        sc.LATEST_EXPERIMENTAL_NAMES.embeddings_duration)
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,18 +227,15 @@ def sum_by(
     matchers: str = "",
     offset: str = "",
 ) -> str:
-    """``sum by (by) (function(a[window]))`` of each name set's family, added where both have the group (an instance
-    that switched name sets within the window: its old series still hold the time before the switch, the new ones
-    the time after) and each alone elsewhere: ``((A + B) or A or B)``."""
+    """``sum by (by) (function(a[window]))`` of each family, added where several have the group (an instance that
+    switched name sets within the window: its old series still hold the time before the switch, the new ones the
+    time after; a model both embeds and answers under the newer names) and each alone elsewhere:
+    ``((A + B) or A or B)``, and so on for a third."""
     selector = f"{{{matchers}}}" if matchers else ""
     shift = f" offset {offset}" if offset else ""
     sums = [f"sum by ({', '.join(by)}) (\n  {function}({family}{suffix}{selector}[{window}]{shift})\n)"
             for family in families]
-    if len(sums) == 1:
-        return sums[0]
-    if len(sums) != 2:
-        raise ValueError(f"two name sets, not {len(sums)}: {families}")
-    return added(*sums)
+    return reduce(added, sums)
 
 
 def added(first: str, second: str) -> str:
@@ -342,7 +346,7 @@ def _streams(function: str, window: str) -> str:
     """Streamed requests, as the TTFT SLO counts them: each that got its first token, and each other that its caller
     did not end. A stream that failed or timed out before its first token (the longest wait of all) is in the
     duration histogram only; one its caller cancelled or dropped before then is the caller's choice."""
-    not_by_caller = sum_by(function, _duration_families(), "_count", window, by=GROUP_LABELS,
+    not_by_caller = sum_by(function, _inference_duration_families(), "_count", window, by=GROUP_LABELS,
                            matchers=f'{STREAM}="true", {NOT_CALLER_ENDED}')
     by_caller_after_a_token = sum_by(function, _ttft_families(), "_count", window, by=GROUP_LABELS,
                                      matchers=CALLER_ENDED)

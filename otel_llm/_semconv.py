@@ -209,6 +209,10 @@ class MetricNames:
     prompt_length: Instrument
     rate_limit_remaining: Instrument
     rate_limit_limit: Instrument
+    # embeddings' own duration and input tokens, where a scheme names them (None: they share the ones above, and
+    # record no usage counters)
+    embeddings_duration: Instrument | None = None
+    embeddings_input_tokens: Instrument | None = None
 
 
 _TPOT = Instrument(
@@ -277,6 +281,12 @@ LATEST_EXPERIMENTAL_NAMES: Final = MetricNames(
     prompt_length=_PROMPT_LENGTH,
     rate_limit_remaining=_RATE_REMAINING,
     rate_limit_limit=_RATE_LIMIT,
+    # client-embeddings.md: embeddings are not inference; our duration buckets, so the dashboards' sums over both
+    # durations keep one set of bucket edges
+    embeddings_duration=Instrument("gen_ai.client.embeddings.duration", "s",
+                                   "GenAI client embeddings operation duration.", LATENCY_BUCKETS),
+    embeddings_input_tokens=Instrument("gen_ai.client.embeddings.operation.input_tokens", "{token}",
+                                       "Input tokens per embeddings operation.", COUNT_BUCKETS),
 )
 
 # OTEL_SEMCONV_STABILITY_OPT_IN value that selects LATEST_EXPERIMENTAL_NAMES

@@ -104,6 +104,8 @@ class Telemetry:
         self._output_counter = counter(names.output_token_counter)
         self._tpot = shared.histogram(meter, names.time_per_output_token)
         self._prompt_length = shared.histogram(meter, names.prompt_length)
+        self._embeddings_duration = shared.histogram(meter, names.embeddings_duration)
+        self._embeddings_input_tokens = shared.histogram(meter, names.embeddings_input_tokens)
         # what each kind of operation records into, by _series_key()
         self._series: dict[tuple[Any, ...], _Series] = {}
         # operations handed out unfinished (streams, responses read later), by id, until they finish: for the exit
@@ -392,8 +394,8 @@ class Telemetry:
             if tpot is not None:
                 points.append((series.time_per_output_token, tpot, True))
         for count, usage, histogram, counter in (
-            (op.input_tokens, series.input_usage, series.input_tokens, self._input_counter),
-            (op.output_tokens, series.output_usage, series.output_tokens, self._output_counter),
+            (op.input_tokens, series.input_usage, series.input_tokens, series.input_counter),
+            (op.output_tokens, series.output_usage, series.output_tokens, series.output_counter),
         ):
             if count is None:
                 continue
@@ -426,19 +428,23 @@ class Telemetry:
         def split(histogram: Histogram | None) -> Series | None:
             return histogram.series(attributes) if histogram is not None else None
 
+        # embeddings into their own instruments where the scheme names them, and into no inference usage
+        embeddings = op.request.operation == sc.OP_EMBEDDINGS and self._embeddings_duration is not None
         series = _Series(
             identity=identity,
             attributes=attributes,
             counted={**attributes, sc.TOKEN_MODALITY: sc.TOKEN_MODALITY_UNKNOWN},
-            duration=_required(self._duration).series(timing),
+            duration=_required(self._embeddings_duration if embeddings else self._duration).series(timing),
             time_to_first_chunk=_required(self._ttfc).series(timing),
             chunk_gap=_required(self._chunk_gap).series(attributes),
             time_per_output_token=_required(self._tpot).series(attributes),
             prompt_length=_required(self._prompt_length).series(attributes),
             input_usage=usage(sc.TOKEN_INPUT),
             output_usage=usage(sc.TOKEN_OUTPUT),
-            input_tokens=split(self._input_tokens),
-            output_tokens=split(self._output_tokens),
+            input_tokens=split(self._embeddings_input_tokens if embeddings else self._input_tokens),
+            output_tokens=None if embeddings else split(self._output_tokens),
+            input_counter=None if embeddings else self._input_counter,
+            output_counter=None if embeddings else self._output_counter,
         )
         self._series[key] = series
         return series
@@ -699,6 +705,8 @@ class _Series:
     output_usage: Series | None
     input_tokens: Series | None
     output_tokens: Series | None
+    input_counter: Any  # the usage counters (an SDK Counter), or None
+    output_counter: Any
     # rate-limit gauges describe the endpoint and model, not one call's outcome: resource -> the gauge's key
     rate_limit_keys: dict[str, frozenset[tuple[str, Any]]] = field(default_factory=dict)
 

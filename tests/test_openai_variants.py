@@ -820,6 +820,33 @@ def test_embeddings(otel: Captured) -> None:
     assert otel.points(usage_name, gen_ai__token__type="output") == []
 
 
+def test_embeddings_have_a_duration_and_input_tokens_of_their_own_under_the_newer_names(instrument: Any) -> None:
+    """The GenAI conventions repository (client-embeddings.md) reports embeddings apart from inference: on
+    gen_ai.client.embeddings.duration and .operation.input_tokens, and on no inference usage counter."""
+    captured = instrument(OTEL_SEMCONV_STABILITY_OPT_IN=sc.LATEST_EXPERIMENTAL_OPT_IN)
+    client, _ = sync_client([wire.Reply.json(wire.embedding_body(2, usage_prompt_tokens=6)),
+                             wire.Reply.json(wire.chat_completion_body("xyz", usage=USAGE))])
+    client.embeddings.create(model="text-embedding-3-small", input=["ab", "cde"])
+    client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES)
+
+    names = sc.LATEST_EXPERIMENTAL_NAMES
+    assert names.embeddings_duration is not None and names.embeddings_input_tokens is not None
+    duration = captured.point(names.embeddings_duration.name)
+    assert (duration.count, duration.attributes[sc.OPERATION_NAME]) == (1, "embeddings")
+    assert tuple(duration.explicit_bounds) == sc.LATEST_EXPERIMENTAL_NAMES.duration.buckets  # summed with it
+    tokens = captured.point(names.embeddings_input_tokens.name)
+    assert (tokens.count, tokens.sum, tuple(tokens.explicit_bounds)) == (1, 6, sc.COUNT_BUCKETS)
+    # the chat call is the only inference
+    assert [point.attributes[sc.OPERATION_NAME] for point in captured.points(names.duration.name)] == ["chat"]
+    assert captured.point(names.input_tokens.name).sum == 9  # type: ignore[union-attr]
+    assert captured.point(names.input_token_counter.name).value == 9  # type: ignore[union-attr]
+    assert {name for name in captured.metrics() if name.startswith("gen_ai.")} == {
+        "gen_ai.client.embeddings.duration", "gen_ai.client.embeddings.operation.input_tokens",
+        "gen_ai.client.inference.duration", "gen_ai.client.inference.operation.input_tokens",
+        "gen_ai.client.inference.operation.output_tokens", "gen_ai.client.inference.usage.input_tokens",
+        "gen_ai.client.inference.usage.output_tokens"}
+
+
 @pytest.mark.parametrize("prompt_tokens", ["6", -6, [6], None])
 def test_embeddings_usage_that_is_no_count_is_left_out_and_the_duration_kept(otel: Captured,
                                                                             prompt_tokens: object) -> None:
