@@ -220,6 +220,9 @@ def test_slo_queries_accept_both_bucket_spellings() -> None:
 # --- a real Prometheus ----------------------------------------------------------------------------------------
 
 
+EMBEDDINGS_MODEL = "embed-model"
+
+
 class _Traffic:
     """Instruments made from one name set (kinds and buckets from _semconv), exported by the SDK's Prometheus
     reader into ``registry``; ``record()`` adds a little of everything."""
@@ -235,6 +238,10 @@ class _Traffic:
                 explicit_bucket_boundaries_advisory=instrument.buckets)
 
         self.duration, self.ttft = histogram(names.duration), histogram(names.time_to_first_chunk)
+        # embeddings: in instruments of their own where the name set has them, as otel_llm records them
+        self.embeddings_duration = histogram(names.embeddings_duration or names.duration)
+        self.embeddings_tokens = histogram(names.embeddings_input_tokens or names.token_usage)
+        self.embeddings_typed = names.embeddings_input_tokens is None  # into token usage, by token type
         self.gap, self.tpot = histogram(names.time_per_output_chunk), histogram(names.time_per_output_token)
         self.prompt, self.usage = histogram(names.prompt_length), histogram(names.token_usage)
         self.split = {sc.TOKEN_INPUT: histogram(names.input_tokens), sc.TOKEN_OUTPUT: histogram(names.output_tokens)}
@@ -244,6 +251,13 @@ class _Traffic:
         self.limit = meter.create_gauge(names.rate_limit_limit.name, names.rate_limit_limit.unit)
 
     def record(self, requests: int) -> None:
+        for i in range(requests // 2):
+            identity = {sc.OPERATION_NAME: sc.OP_EMBEDDINGS, sc.PROVIDER_NAME: sc.PROVIDER_OPENAI,
+                        sc.REQUEST_MODEL: EMBEDDINGS_MODEL, sc.SERVER_ADDRESS: "api.example", sc.SERVER_PORT: 443}
+            attributes = identity | ({sc.ERROR_TYPE: "RateLimitError"} if i % 5 == 0 else {})
+            self.embeddings_duration.record(0.05 + i / 100, attributes | {sc.REQUEST_STREAM: False})
+            self.embeddings_tokens.record(40 + i, attributes | ({sc.TOKEN_TYPE: sc.TOKEN_INPUT}
+                                                                if self.embeddings_typed else {}))
         for model, base in (("model-a", 0.4), ("model-b", 1.5)):
             for i in range(requests):
                 error = ("RateLimitError", "APITimeoutError", sc.ERROR_CANCELLED, None, None, None, None)[i % 7]
@@ -331,6 +345,26 @@ def test_the_p99_panel_sees_both_name_sets_alike(prometheus: prom.Prometheus) ->
         by_job.setdefault(sample["metric"]["job"], {})[sample["metric"][_dashboards.MODEL]] = float(sample["value"][1])
     assert by_job["svc-stable"] == pytest.approx(by_job["svc-latest"])
     assert set(by_job["svc-stable"]) == {"model-a", "model-b"}
+
+
+def test_the_operation_panels_count_embeddings_under_both_name_sets_alike(prometheus: prom.Prometheus) -> None:
+    """The newer names keep embeddings' duration and tokens apart from inference: the panels' operations, failures
+    and input tokens take them in all the same."""
+    found = {}
+    for name, source, extra in (("operations", _dashboards.DURATION, ""),
+                                ("rate limited", _dashboards.DURATION, _dashboards.RATE_LIMITED),
+                                ("input tokens", _dashboards.INPUT_TOKENS, "")):
+        suffix = "_count" if source is _dashboards.DURATION else "_sum"
+        expr = _dashboards.total(source, suffix, ["job", _dashboards.MODEL], extra=extra, window="5m",
+                                 function="last_over_time")
+        found[name] = {sample["metric"]["job"]: float(sample["value"][1])
+                       for sample in prometheus.query(_substitute(expr))
+                       if sample["metric"][_dashboards.MODEL] == EMBEDDINGS_MODEL}
+    # two batches of 10 embeddings each, every fifth rate limited; 40 + i input tokens each
+    assert found == {"operations": {"svc-stable": 20, "svc-latest": 20},
+                     "rate limited": {"svc-stable": 4, "svc-latest": 4},
+                     "input tokens": {"svc-stable": 2 * sum(40 + i for i in range(10)),
+                                      "svc-latest": 2 * sum(40 + i for i in range(10))}}
 
 
 def test_the_headroom_panel_shows_the_endpoint_with_the_least_left(prometheus: prom.Prometheus) -> None:
