@@ -213,6 +213,10 @@ class MetricNames:
     # record no usage counters)
     embeddings_duration: Instrument | None = None
     embeddings_input_tokens: Instrument | None = None
+    # the usage counters of the parts of input and output tokens, where a scheme names them
+    cache_read_counter: Instrument | None = None
+    cache_write_counter: Instrument | None = None
+    reasoning_counter: Instrument | None = None
 
 
 _TPOT = Instrument(
@@ -275,8 +279,16 @@ LATEST_EXPERIMENTAL_NAMES: Final = MetricNames(
                             "Input tokens per operation.", COUNT_BUCKETS),
     output_tokens=Instrument("gen_ai.client.inference.operation.output_tokens", "{token}",
                              "Output tokens per operation.", COUNT_BUCKETS),
-    input_token_counter=Instrument("gen_ai.client.inference.usage.input_tokens", "{token}", "Input tokens used."),
-    output_token_counter=Instrument("gen_ai.client.inference.usage.output_tokens", "{token}", "Output tokens used."),
+    input_token_counter=Instrument("gen_ai.client.inference.usage.input_tokens", "{token}",
+                                   "Input tokens used, cached ones included."),
+    output_token_counter=Instrument("gen_ai.client.inference.usage.output_tokens", "{token}",
+                                    "Output tokens used, reasoning ones included."),
+    cache_read_counter=Instrument("gen_ai.client.inference.usage.cache_read.input_tokens", "{token}",
+                                  "Input tokens served from a provider-managed cache."),
+    cache_write_counter=Instrument("gen_ai.client.inference.usage.cache_write.input_tokens", "{token}",
+                                   "Input tokens written to a provider-managed cache."),
+    reasoning_counter=Instrument("gen_ai.client.inference.usage.reasoning.output_tokens", "{token}",
+                                 "Output tokens used for reasoning."),
     time_per_output_token=_TPOT,
     prompt_length=_PROMPT_LENGTH,
     rate_limit_remaining=_RATE_REMAINING,

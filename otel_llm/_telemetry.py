@@ -100,8 +100,11 @@ class Telemetry:
         self._token_usage = shared.histogram(meter, names.token_usage)
         self._input_tokens = shared.histogram(meter, names.input_tokens)
         self._output_tokens = shared.histogram(meter, names.output_tokens)
-        self._input_counter = counter(names.input_token_counter)
-        self._output_counter = counter(names.output_token_counter)
+        # input, output, cache read, cache write, reasoning: where the scheme names them all
+        counters = tuple(counter(instrument) for instrument in (
+            names.input_token_counter, names.output_token_counter, names.cache_read_counter,
+            names.cache_write_counter, names.reasoning_counter))
+        self._usage_counters = counters if None not in counters else ()
         self._tpot = shared.histogram(meter, names.time_per_output_token)
         self._prompt_length = shared.histogram(meter, names.prompt_length)
         self._embeddings_duration = shared.histogram(meter, names.embeddings_duration)
@@ -393,18 +396,19 @@ class Telemetry:
                 gaps = ((series.chunk_gap, op.gaps_ns, op.max_gap_ns),)
             if tpot is not None:
                 points.append((series.time_per_output_token, tpot, True))
-        for count, usage, histogram, counter in (
-            (op.input_tokens, series.input_usage, series.input_tokens, series.input_counter),
-            (op.output_tokens, series.output_usage, series.output_tokens, series.output_counter),
-        ):
+        for count, usage, histogram in ((op.input_tokens, series.input_usage, series.input_tokens),
+                                        (op.output_tokens, series.output_usage, series.output_tokens)):
             if count is None:
                 continue
             if usage is not None:
                 points.append((usage, count, False))
             if histogram is not None:
                 points.append((histogram, count, False))
-            if counter is not None:
-                counter.add(count, series.counted, context=_NO_EXEMPLAR)
+        if series.usage_counters:  # every operation's, failed ones too: 0 where the provider reported none
+            for count, counter in zip((op.input_tokens, op.output_tokens, op.cache_read_tokens,
+                                       op.cache_creation_tokens, op.reasoning_tokens), series.usage_counters,
+                                      strict=True):
+                counter.add(count or 0, series.counted, context=_NO_EXEMPLAR)
         self._batch.record(points, op.start_epoch_ns + (op.end_ns - op.start_ns), op.context, gaps, op.span)
 
     def _new_series(self, key: tuple[Any, ...], op: Operation) -> _Series:
@@ -443,8 +447,7 @@ class Telemetry:
             output_usage=usage(sc.TOKEN_OUTPUT),
             input_tokens=split(self._embeddings_input_tokens if embeddings else self._input_tokens),
             output_tokens=None if embeddings else split(self._output_tokens),
-            input_counter=None if embeddings else self._input_counter,
-            output_counter=None if embeddings else self._output_counter,
+            usage_counters=() if embeddings else self._usage_counters,
         )
         self._series[key] = series
         return series
@@ -705,8 +708,7 @@ class _Series:
     output_usage: Series | None
     input_tokens: Series | None
     output_tokens: Series | None
-    input_counter: Any  # the usage counters (an SDK Counter), or None
-    output_counter: Any
+    usage_counters: tuple[Any, ...]  # SDK Counters: input, output, cache read, cache write, reasoning; or none
     # rate-limit gauges describe the endpoint and model, not one call's outcome: resource -> the gauge's key
     rate_limit_keys: dict[str, frozenset[tuple[str, Any]]] = field(default_factory=dict)
 

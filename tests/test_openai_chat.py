@@ -199,17 +199,37 @@ def test_latest_experimental_names_on_opt_in(instrument: Any) -> None:
     assert captured.point(names.time_to_first_chunk.name).count == 1
     assert captured.point(names.input_tokens.name).sum == 12  # type: ignore[union-attr]
     assert captured.point(names.output_tokens.name).sum == 4  # type: ignore[union-attr]
-    assert captured.point(names.input_token_counter.name).value == 12  # type: ignore[union-attr]
-    assert captured.point(names.output_token_counter.name).value == 4  # type: ignore[union-attr]
-    # the names of the GenAI conventions repository (model/gen-ai/token-metrics.yaml), spelt out: a name of our own
-    # making would pass the lines above
+    # the usage counters, the parts of input and output among them: cache writes OpenAI does not report are 0
+    counters = (names.input_token_counter, names.output_token_counter, names.cache_read_counter,
+                names.cache_write_counter, names.reasoning_counter)
+    assert [captured.point(counter.name).value for counter in counters if counter] == [12, 4, 4, 0, 1]
+    # the names of the GenAI conventions repository (gen-ai-token-metrics.md), spelt out: a name of our own making
+    # would pass the lines above
     assert {name for name in metrics if name.startswith("gen_ai.")} == {
         "gen_ai.client.inference.duration", "gen_ai.client.inference.time_to_first_chunk",
         "gen_ai.client.inference.time_per_output_chunk", "gen_ai.client.inference.operation.input_tokens",
         "gen_ai.client.inference.operation.output_tokens", "gen_ai.client.inference.usage.input_tokens",
-        "gen_ai.client.inference.usage.output_tokens"}
-    for counter in (names.input_token_counter, names.output_token_counter):  # its required modality, not split
+        "gen_ai.client.inference.usage.output_tokens", "gen_ai.client.inference.usage.cache_read.input_tokens",
+        "gen_ai.client.inference.usage.cache_write.input_tokens",
+        "gen_ai.client.inference.usage.reasoning.output_tokens"}
+    for counter in counters:  # its required modality, not split
         assert counter is not None and captured.point(counter.name).attributes[sc.TOKEN_MODALITY] == "unknown"
+
+
+def test_the_newer_usage_counters_count_a_failed_operation_as_no_tokens(instrument: Any) -> None:
+    """gen-ai-token-metrics.md: every inference operation adds to the usage counters, a failed one 0, so that a
+    model's spend reads as a rate even while its every call fails."""
+    captured = instrument(OTEL_SEMCONV_STABILITY_OPT_IN=sc.LATEST_EXPERIMENTAL_OPT_IN)
+    client, _ = sync_client([wire.Reply.json(wire.error_body("Rate limit reached", type="requests"), status=429)])
+    with pytest.raises(openai.RateLimitError):
+        client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES)
+    names = sc.LATEST_EXPERIMENTAL_NAMES
+    for counter in (names.input_token_counter, names.output_token_counter, names.cache_read_counter,
+                    names.cache_write_counter, names.reasoning_counter):
+        assert counter is not None
+        point = captured.point(counter.name)
+        assert (point.value, point.attributes[sc.ERROR_TYPE]) == (0, "RateLimitError"), counter.name
+    assert captured.points(names.input_tokens.name) == []  # type: ignore[union-attr]  # no count to spread
 
 
 def test_a_misspelt_genai_opt_in_is_named_and_the_stable_names_used(instrument: Any,

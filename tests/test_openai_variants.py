@@ -844,7 +844,9 @@ def test_embeddings_have_a_duration_and_input_tokens_of_their_own_under_the_newe
         "gen_ai.client.embeddings.duration", "gen_ai.client.embeddings.operation.input_tokens",
         "gen_ai.client.inference.duration", "gen_ai.client.inference.operation.input_tokens",
         "gen_ai.client.inference.operation.output_tokens", "gen_ai.client.inference.usage.input_tokens",
-        "gen_ai.client.inference.usage.output_tokens"}
+        "gen_ai.client.inference.usage.output_tokens", "gen_ai.client.inference.usage.cache_read.input_tokens",
+        "gen_ai.client.inference.usage.cache_write.input_tokens",
+        "gen_ai.client.inference.usage.reasoning.output_tokens"}
 
 
 @pytest.mark.parametrize("prompt_tokens", ["6", -6, [6], None])
