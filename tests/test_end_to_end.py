@@ -92,16 +92,16 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[prom.Pro
             asyncio.run(warm_up(simulator.base_url))
             refused = asyncio.run(rate_limited(strict.base_url, 2))
             failed_before_a_token(simulator.base_url, 1)
-            server.wait_for(f"{ttft_count} == 1 and on() sum({limited_count}) == {refused} and on() "
-                            f"sum({retired_count}) == 1", timeout=30)
+            server.wait_for(f"sum({ttft_count}) == {WARM_UP_STREAMS} and on() sum({limited_count}) == {refused} "
+                            f"and on() sum({retired_count}) == 1", timeout=30)
             spans.clear()
             asyncio.run(traffic(simulator.base_url, seed=11))
             failed_before_a_token(simulator.base_url, 19)
             refused += asyncio.run(rate_limited(strict.base_url, 4))
             finished = len([s for s in spans.get_finished_spans()
                             if s.attributes and s.attributes.get(sc.RESPONSE_TIME_TO_FIRST_CHUNK) is not None])
-            server.wait_for(f"sum({ttft_count}) == {finished + 1} and on() sum({limited_count}) == {refused} and on() "
-                            f"sum({retired_count}) == 20", timeout=30)
+            server.wait_for(f"sum({ttft_count}) == {finished + WARM_UP_STREAMS} and on() "
+                            f"sum({limited_count}) == {refused} and on() sum({retired_count}) == 20", timeout=30)
             yield server, list(spans.get_finished_spans())
     finally:
         otel_llm.uninstrument()
@@ -132,12 +132,25 @@ async def rate_limited(base_url: str, calls: int) -> int:
     return refused
 
 
+# one prompt of each size class the traffic's prompts fall in (<1k to 16k-64k characters)
+WARM_UP_PROMPTS = (100, 2_000, 8_000, 30_000)
+# a stream read to its end and one broken off after its first token, of each: every TTFT series the traffic records
+WARM_UP_STREAMS = 2 * len(WARM_UP_PROMPTS)
+
+
 async def warm_up(base_url: str) -> None:
+    """A stream of every TTFT series the traffic makes, before it: Prometheus counts no increase in a series' first
+    sample, so a series born during the traffic would lose the samples it took before its first scrape, and a
+    rate-based p99 would not be that of the samples (2% off, once)."""
     async with openai.AsyncOpenAI(base_url=base_url, api_key="sim", max_retries=0) as client:
-        stream = await client.chat.completions.create(model=DEFAULT_MODEL, stream=True, max_tokens=2,
-                                                      messages=[{"role": "user", "content": "hi"}])
-        async for _ in stream:
-            pass
+        for chars in WARM_UP_PROMPTS:
+            for broken_off in (False, True):
+                stream = await client.chat.completions.create(
+                    model=DEFAULT_MODEL, stream=True, max_tokens=2, messages=[{"role": "user", "content": "x" * chars}])
+                async for chunk in stream:
+                    if broken_off and chunk.choices and chunk.choices[0].delta.content:
+                        break
+                await stream.close()
 
 
 def dashboard_targets() -> dict[str, dict[str, Any]]:
@@ -160,11 +173,12 @@ def test_dashboard_p99_ttft_matches_the_raw_samples(scraped: tuple[prom.Promethe
     (sample,) = server.query(_substitute(target["expr"]).replace(VARIABLES["$__rate_interval"], "10m"))
     assert sample["metric"][sc.prometheus_name(sc.REQUEST_MODEL)] == DEFAULT_MODEL
     from_dashboard = float(sample["value"][1])
-    # what histogram_quantile makes of these very samples in our buckets (the query's rate() scales every bucket
-    # alike; the histogram holds the warm-up's one more), and that within a bucket (~1.3x) of the exact p99: how
-    # far from it interpolation lands depends on the latencies, which a busy host shapes (1.18 s for 1.04 once)
+    # what histogram_quantile makes of these very samples in our buckets (every series existed before the traffic,
+    # so the query's rate() scales each bucket alike: 0.1-0.2% apart here; the histogram also holds the warm-up's),
+    # and that within a bucket (~1.3x) of the exact p99: how far from it interpolation lands depends on the
+    # latencies, which a busy host shapes (1.18 s for 1.04 once)
     bucketed = histogram_quantile(0.99, sc.LATENCY_BUCKETS, ttfts)
-    assert from_dashboard == pytest.approx(bucketed, rel=0.02), (from_dashboard, bucketed, exact)
+    assert from_dashboard == pytest.approx(bucketed, rel=0.01), (from_dashboard, bucketed, exact)
     assert exact / 1.3 < from_dashboard < exact * 1.3, (from_dashboard, exact)
 
 
@@ -193,8 +207,10 @@ def test_the_ttft_slo_counts_every_stream_but_those_their_caller_ended_before_a_
     assert any(a.get(sc.ERROR_TYPE) == sc.ERROR_CANCELLED for a in streams)  # broken off after a first token
     counted = {sample["metric"][sc.prometheus_name(sc.REQUEST_MODEL)]: float(sample["value"][1])
                for sample in server.query(_rules._streams("max_over_time", "1h"))}
-    # the warm-up stream and the first 404 are in Prometheus, not among the spans kept
-    assert counted == {DEFAULT_MODEL: len(streams) - len(failed_early) + 1, RETIRED_MODEL: len(failed_early) + 1}
+    # the warm-up streams and the first 404 are in Prometheus, not among the spans kept; those broken off after a
+    # first token count too
+    assert counted == {DEFAULT_MODEL: len(streams) - len(failed_early) + WARM_UP_STREAMS,
+                       RETIRED_MODEL: len(failed_early) + 1}
 
 
 def test_the_dashboards_slow_share_is_the_slos_a_model_whose_streams_all_failed_is_all_slow(
