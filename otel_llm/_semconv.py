@@ -43,6 +43,7 @@ DOUBLE_PARAMETERS: Final = frozenset((REQUEST_TEMPERATURE, REQUEST_TOP_P, REQUES
 OUTPUT_TYPE: Final = "gen_ai.output.type"  # when the request names an output format
 OUTPUT_TEXT: Final = "text"
 OUTPUT_JSON: Final = "json"  # structured output, with a schema or without
+CONVERSATION_ID: Final = "gen_ai.conversation.id"  # on spans only: one value per conversation
 RESPONSE_ID: Final = "gen_ai.response.id"
 RESPONSE_MODEL: Final = "gen_ai.response.model"
 RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"

@@ -467,6 +467,28 @@ def test_responses_plain(otel: Captured) -> None:
     assert sc.OPENAI_API_TYPE not in otel.point(sc.STABLE_NAMES.duration.name).attributes
 
 
+@pytest.mark.parametrize("given", ["conv_689667905b048191b4740501625afd940c7533ace33a2dab",
+                                   {"id": "conv_689667905b048191b4740501625afd940c7533ace33a2dab"}, None],
+                         ids=["id", "object", "only in the response"])
+def test_a_response_in_a_conversation_names_it_on_the_span(otel: Captured, given: object) -> None:
+    """gen_ai.conversation.id, which the conventions require where it is at hand: the request's conversation, or the
+    one its response says it belongs to. On the span only: a metric series per conversation would have no end."""
+    body = {**wire.response_body("xyz", usage=USAGE),
+            "conversation": {"id": "conv_689667905b048191b4740501625afd940c7533ace33a2dab"}}
+    client, recorder = sync_client([wire.Reply.json(body)])
+    extra = {} if given is None else {"conversation": given}
+    client.responses.create(model="gpt-4.1", input="hello", **extra)  # type: ignore[arg-type]
+    assert ("conversation" in recorder.requests[0].json) is (given is not None)
+    assert attributes(otel.span())[sc.CONVERSATION_ID] == "conv_689667905b048191b4740501625afd940c7533ace33a2dab"
+    assert sc.CONVERSATION_ID not in otel.point(sc.STABLE_NAMES.duration.name).attributes
+
+
+def test_a_response_in_no_conversation_names_none(otel: Captured) -> None:
+    client, _ = sync_client([wire.Reply.json(wire.response_body("xyz", usage=USAGE))])
+    client.responses.create(model="gpt-4.1", input="hello")
+    assert sc.CONVERSATION_ID not in attributes(otel.span())
+
+
 def test_responses_prompt_length_counts_earlier_function_calls_and_their_outputs(otel: Captured) -> None:
     client, _ = sync_client([wire.Reply.json(wire.response_body("xyz", usage=USAGE))])
     client.responses.create(model="gpt-4.1", instructions="be brief", input=[

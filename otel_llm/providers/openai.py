@@ -432,10 +432,19 @@ def _finished(op: Operation, chunk: Any, choice: Any) -> int:
 _UNFINISHED = frozenset(("queued", "in_progress"))
 
 
+def _conversation_id(conversation: object) -> str | None:
+    """The id of the conversation a response belongs to: given as the id, or as an object holding it."""
+    found = conversation if isinstance(conversation, str) else field(conversation, "id")
+    return found if isinstance(found, str) and found else None
+
+
 def _read_responses_usage(op: Operation, response: Any) -> None:
     op.response_id = response.id
     op.response_model = response.model
     _read_served(op, response)
+    conversation = _conversation_id(getattr(response, "conversation", None))
+    if conversation is not None:  # also where the request named none: a stored response streamed again
+        op.attributes[sc.CONVERSATION_ID] = conversation
     status = response.status
     incomplete = getattr(response, "incomplete_details", None)
     if status == "incomplete" and incomplete is not None and incomplete.reason:
@@ -795,6 +804,9 @@ class _Responses(_Endpoint):
 
     def describe(self, instance: Any, kwargs: dict[str, Any], settings: Settings) -> Request:
         request = super().describe(instance, kwargs, settings)
+        conversation = _conversation_id(kwargs.get("conversation"))
+        if conversation is not None:
+            request.attributes[sc.CONVERSATION_ID] = conversation
         instructions = kwargs.get("instructions")
         if settings.capture_content.enabled and isinstance(instructions, str) and instructions:
             request.system_instructions = [ct.text(instructions)]
