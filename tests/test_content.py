@@ -234,6 +234,21 @@ def test_openai_responses_instructions_are_system_instructions(record: Any) -> N
     assert sc.SYSTEM_INSTRUCTIONS not in attributes(second)
 
 
+def test_openai_compaction_captures_its_input_and_no_output(record: Any) -> None:
+    """A compaction's output is the conversation shortened (the user's messages and an encrypted item), not an
+    answer of the model's: its input and instructions are captured, no output messages."""
+    recorded = record()
+    usage = wire.Usage(input=50, output=10)
+    client, _ = sync_client([wire.Reply.json(wire.compaction_body(["Plan a trip"], usage=usage))])
+    client.responses.compact(model="gpt-5.4", instructions="Keep the dates.", input=[
+        {"role": "user", "content": "Plan a trip"}, {"role": "assistant", "content": "Paris, 3 days"}])
+    assert recorded.content() == {
+        sc.SYSTEM_INSTRUCTIONS: [text("Keep the dates.")],
+        sc.INPUT_MESSAGES: [{"role": "user", "parts": [text("Plan a trip")]},
+                            {"role": "assistant", "parts": [text("Paris, 3 days")]}],
+    }
+
+
 def test_openai_responses_stream_output(record: Any) -> None:
     recorded = record()
     client, _ = sync_client([wire.Reply.stream(wire.responses_stream(["Hel", "lo"], usage=wire.Usage(3, 2)))])
