@@ -483,6 +483,12 @@ def test_a_response_in_a_conversation_names_it_on_the_span(otel: Captured, given
     assert sc.CONVERSATION_ID not in otel.point(sc.STABLE_NAMES.duration.name).attributes
 
 
+def test_a_stored_response_streamed_again_names_the_conversation_its_events_say(otel: Captured) -> None:
+    client, _ = sync_client([wire.Reply.stream(wire.responses_stream(TOKENS, usage=USAGE, conversation="conv_9"))])
+    assert len(list(client.responses.retrieve("resp_abc", stream=True))) > len(TOKENS)
+    assert attributes(otel.span())[sc.CONVERSATION_ID] == "conv_9"
+
+
 def test_a_response_in_no_conversation_names_none(otel: Captured) -> None:
     client, _ = sync_client([wire.Reply.json(wire.response_body("xyz", usage=USAGE))])
     client.responses.create(model="gpt-4.1", input="hello")

@@ -170,11 +170,13 @@ def responses_stream(
     model: str = CHAT_MODEL,
     id: str = "resp_abc",
     usage: Usage | None = None,
+    conversation: str | None = None,
 ) -> list[bytes]:
     """A /v1/responses stream (`event:` + `data:` lines) for one text message, numbered by `sequence_number`.
 
     Only `response.output_text.delta` events carry tokens. `usage` lands in `response.completed`; None sends
-    `"usage": null` there (real servers always report it, so pass one unless testing its absence).
+    `"usage": null` there (real servers always report it, so pass one unless testing its absence). Every response
+    object names `conversation` when one is given.
     """
     text = "".join(tokens)
     empty_part = {"type": "output_text", "annotations": [], "logprobs": [], "text": ""}
@@ -188,9 +190,13 @@ def responses_stream(
         "role": "assistant",
     }
     item_done = _message_item(text)
+    def response(status: str, output: list[Json], usage: Usage | None) -> Json:
+        found = _response(id, model, status, output, usage)
+        return found if conversation is None else {**found, "conversation": {"id": conversation}}
+
     events: list[tuple[str, Json]] = [
-        ("response.created", {"response": _response(id, model, "in_progress", [], None)}),
-        ("response.in_progress", {"response": _response(id, model, "in_progress", [], None)}),
+        ("response.created", {"response": response("in_progress", [], None)}),
+        ("response.in_progress", {"response": response("in_progress", [], None)}),
         ("response.output_item.added", {"output_index": 0, "item": item_in_progress}),
         ("response.content_part.added", {**where, "part": empty_part}),
         *(
@@ -200,7 +206,7 @@ def responses_stream(
         ("response.output_text.done", {**where, "text": text, "logprobs": []}),
         ("response.content_part.done", {**where, "part": full_part}),
         ("response.output_item.done", {"output_index": 0, "item": item_done}),
-        ("response.completed", {"response": _response(id, model, "completed", [item_done], usage)}),
+        ("response.completed", {"response": response("completed", [item_done], usage)}),
     ]
     return [sse({"type": kind, "sequence_number": n, **data}, event=kind) for n, (kind, data) in enumerate(events)]
 
