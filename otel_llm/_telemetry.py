@@ -454,6 +454,7 @@ class Telemetry:
             input_tokens=split(self._embeddings_input_tokens if embeddings else self._input_tokens),
             output_tokens=None if embeddings else split(self._output_tokens),
             usage_counters=() if embeddings else self._usage_counters,
+            counters_added=[False] * len(self._usage_counters),
         )
         self._series[key] = series
         return series
@@ -715,7 +716,7 @@ class _Series:
     input_tokens: Series | None
     output_tokens: Series | None
     usage_counters: tuple[Any, ...]  # SDK Counters: input, output, cache read, cache write, reasoning; or none
-    counters_added: list[bool] = field(default_factory=lambda: [False] * 5)  # whether each has a value yet
+    counters_added: list[bool]  # whether each of usage_counters has a value yet
     # rate-limit gauges describe the endpoint and model, not one call's outcome: resource -> the gauge's key
     rate_limit_keys: dict[str, frozenset[tuple[str, Any]]] = field(default_factory=dict)
 
