@@ -36,6 +36,7 @@ OPENAI_API_CHAT_COMPLETIONS: Final = "chat_completions"
 OPENAI_API_RESPONSES: Final = "responses"
 OPENAI_API_COMPLETIONS: Final = "completions"
 OPENAI_API_EMBEDDINGS: Final = "embeddings"
+OPENAI_API_DECISIONS: Final = "decisions"
 REQUEST_TOP_K: Final = "gen_ai.request.top_k"
 # request parameters the conventions type as double (v1.41: top_k too); the others are int
 DOUBLE_PARAMETERS: Final = frozenset((REQUEST_TEMPERATURE, REQUEST_TOP_P, REQUEST_TOP_K, REQUEST_FREQUENCY_PENALTY,

@@ -124,9 +124,10 @@ def _phases(reports: Reports, client: Client, scenario: Scenario) -> dict[str, d
 
 # targets in the places a client release has them: the Responses parser, in openai.lib since 3.x
 MOVED = ({"openai.lib._response_resources:parse_response", "openai.resources.responses.responses:parse_response"},)
-# targets in resources a client gained in a later release: client.beta.responses (openai 3.x), responses.compact
+# targets in resources a client gained in a later release: client.beta.responses (openai 3.x), responses.compact,
+# client.decisions
 GAINED = ("openai.resources.beta.responses.responses:", "openai.resources.responses.responses:Responses.compact",
-          "openai.resources.responses.responses:AsyncResponses.compact")
+          "openai.resources.responses.responses:AsyncResponses.compact", "openai.resources.decisions:")
 
 
 @pytest.mark.parametrize("client", SUPPORTED, ids=lambda client: client.name)

@@ -249,6 +249,21 @@ def test_openai_compaction_captures_its_input_and_no_output(record: Any) -> None
     }
 
 
+def test_openai_decision_captures_its_input_and_no_output(record: Any) -> None:
+    """A decision's answers are probabilities over the questions asked, not an answer of the model's in words: its
+    input messages are captured, no output messages."""
+    recorded = record()
+    body = wire.decision_body([{"type": "predicate", "name": None, "probability": 0.2}], usage=wire.Usage(40, 2))
+    client, _ = sync_client([wire.Reply.json(body)])
+    client.decisions.create(model="gpt-6-luna", questions=[{"type": "predicate", "instructions": "Is it urgent?"}],
+                            input=[{"role": "developer", "content": "Triage tickets."},
+                                   {"role": "user", "content": [{"type": "input_text", "text": "Charged twice"}]}])
+    assert recorded.content() == {
+        sc.INPUT_MESSAGES: [{"role": "developer", "parts": [text("Triage tickets.")]},
+                            {"role": "user", "parts": [text("Charged twice")]}],
+    }
+
+
 def test_openai_responses_stream_output(record: Any) -> None:
     recorded = record()
     client, _ = sync_client([wire.Reply.stream(wire.responses_stream(["Hel", "lo"], usage=wire.Usage(3, 2)))])

@@ -633,6 +633,95 @@ def test_a_refused_compaction_passes_the_clients_error_and_is_recorded_under_its
     assert (span.status.status_code, attributes(span)[sc.ERROR_TYPE]) == (trace.StatusCode.ERROR, "RateLimitError")
 
 
+DECISION_INPUT = [{"role": "developer", "content": "Triage support tickets."},
+                  {"role": "user", "content": [{"type": "input_text", "text": "My card was charged twice."},
+                                               {"type": "input_json", "data": {"order": 4417}}]}]
+DECISION_QUESTIONS = [
+    {"type": "predicate", "name": "urgent", "instructions": "Is it urgent?"},
+    {"type": "choice", "instructions": "Which team?", "choices": [{"value": "billing", "description": "payments"},
+                                                                  {"value": "tech"}]},
+    {"type": "score", "instructions": [{"type": "input_text", "text": "How angry?"}],
+     "levels": [{"label": "calm"}, {"label": "furious", "description": "all caps"}]},
+]
+# every text the model reads: the input's, the JSON part as sent, and the questions' instructions, choices and levels
+DECISION_CHARS = len("Triage support tickets." "My card was charged twice." '{"order":4417}'
+                     "Is it urgent?" "Which team?" "billing" "payments" "tech" "How angry?" "calm" "furious" "all caps")
+DECISION_ANSWERS = [
+    {"type": "predicate", "name": "urgent", "probability": 0.91},
+    {"type": "choice", "name": None, "choice": "billing", "confidence": 0.97,
+     "probabilities": [{"value": "billing", "probability": 0.97}, {"value": "tech", "probability": 0.03}]},
+    {"type": "refusal", "name": None},
+]
+DECISION_USAGE = wire.Usage(input=900, output=12, cached=640, cache_write=200, reasoning=0)
+
+
+def _decide(resource: Any, how: str) -> Any:
+    kwargs = {"model": "gpt-6-luna", "input": DECISION_INPUT, "questions": DECISION_QUESTIONS}
+    if how == "with_raw_response":
+        return resource.with_raw_response.create(**kwargs).parse()
+    if how == "with_streaming_response":
+        with resource.with_streaming_response.create(**kwargs) as response:
+            return response.parse()
+    return resource.create(**kwargs)
+
+
+async def _decide_async(resource: Any, how: str) -> Any:
+    kwargs = {"model": "gpt-6-luna", "input": DECISION_INPUT, "questions": DECISION_QUESTIONS}
+    if how == "with_raw_response":
+        return (await resource.with_raw_response.create(**kwargs)).parse()
+    if how == "with_streaming_response":
+        async with resource.with_streaming_response.create(**kwargs) as response:
+            return await response.parse()
+    return await resource.create(**kwargs)
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("how", ["create", "with_raw_response", "with_streaming_response"])
+def test_a_decision_is_a_chat_operation_billed_in_tokens(otel: Captured, is_async: bool, how: str) -> None:
+    """decisions.create() runs the model over an input to answer questions about it: its wait and its tokens
+    (cache reads and writes among them) are the application's as an answer's are. Its response names the model and
+    no id or finish reason; its prompt is the input and the questions both."""
+    body = wire.decision_body(DECISION_ANSWERS, usage=DECISION_USAGE)
+    client, recorder = (async_client if is_async else sync_client)([wire.Reply.json(body)])
+    result = asyncio.run(_decide_async(client.decisions, how)) if is_async else _decide(client.decisions, how)
+    assert recorder.requests[0].path == "/v1/decisions"
+    assert (type(result).__name__, [answer.type for answer in result.answers]) == (
+        "Decision", ["predicate", "choice", "refusal"])
+
+    span = otel.span()
+    assert (span.name, span.status.status_code) == ("chat gpt-6-luna", trace.StatusCode.UNSET)
+    attrs = dict(attributes(span))
+    assert attrs.pop(sc.TIME_TO_HEADERS) > 0
+    assert attrs == {
+        sc.OPERATION_NAME: "chat", sc.PROVIDER_NAME: "openai", sc.REQUEST_MODEL: "gpt-6-luna",
+        sc.SERVER_ADDRESS: "api.openai.com", sc.SERVER_PORT: 443,
+        sc.OPENAI_API_TYPE: sc.OPENAI_API_DECISIONS,
+        sc.REQUEST_STREAM: False,
+        sc.PROMPT_LENGTH: DECISION_CHARS,
+        sc.RESPONSE_MODEL: "gpt-6-luna",
+        sc.USAGE_INPUT_TOKENS: 900,
+        sc.USAGE_OUTPUT_TOKENS: 12,
+        sc.USAGE_CACHE_READ_INPUT_TOKENS: 640,
+        sc.USAGE_CACHE_CREATION_INPUT_TOKENS: 200,
+        sc.USAGE_REASONING_OUTPUT_TOKENS: 0,
+    }
+    duration = otel.point(sc.STABLE_NAMES.duration.name)
+    assert (duration.count, duration.attributes[sc.RESPONSE_MODEL]) == (1, "gpt-6-luna")
+    assert otel.point(sc.STABLE_NAMES.prompt_length.name).sum == DECISION_CHARS
+    usage_name = sc.STABLE_NAMES.token_usage.name  # type: ignore[union-attr]
+    assert [otel.point(usage_name, gen_ai__token__type=kind).sum for kind in ("input", "output")] == [900, 12]
+
+
+def test_a_refused_decision_passes_the_clients_error_and_is_recorded_under_its_class(otel: Captured) -> None:
+    client, _ = sync_client([wire.Reply.json(wire.error_body("Rate limit reached", type="requests"), status=429)])
+    with pytest.raises(openai.RateLimitError, match="Rate limit reached"):
+        client.decisions.create(model="gpt-6-luna", input="My card was charged twice.",
+                                questions=DECISION_QUESTIONS[:1])
+    span = otel.span()
+    assert (span.status.status_code, attributes(span)[sc.ERROR_TYPE]) == (trace.StatusCode.ERROR, "RateLimitError")
+    assert attributes(span)[sc.PROMPT_LENGTH] == len("My card was charged twice." "Is it urgent?")
+
+
 # the attributes that hold times, which differ call to call
 _TIMES = frozenset((sc.RESPONSE_TIME_TO_FIRST_CHUNK, sc.TIME_PER_OUTPUT_TOKEN, sc.MAX_CHUNK_GAP, sc.TIME_TO_HEADERS))
 

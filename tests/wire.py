@@ -3,8 +3,8 @@
 Three layers, each usable on its own:
 
 * Body builders: byte-exact SSE events and JSON bodies in OpenAI's shapes (`chat_stream`, `responses_stream`,
-  `completion_stream`, `chat_completion_body`, `response_body`, `compaction_body`, `completion_body`, `embedding_body`,
-  `error_body`, `sse_error_event`).
+  `completion_stream`, `chat_completion_body`, `response_body`, `compaction_body`, `decision_body`,
+  `completion_body`, `embedding_body`, `error_body`, `sse_error_event`).
 * `Reply`: one scripted HTTP response - status, headers, body, pauses, and an optional mid-body disconnect.
 * Two transports serving queued replies and recording every request (`RecordedRequest`, with server-side
   clock marks): `mock_client()` (an in-process `MockTransport` of the HTTP library openai really imports) and
@@ -281,6 +281,11 @@ def compaction_body(user_texts: list[str], *, id: str = "cmp_abc", usage: Usage)
     compacted = {"id": "cmp_item_1", "type": "compaction", "encrypted_content": "gAAAAABpZ2VuY3J5cHRlZA=="}
     return {"id": id, "object": "response.compaction", "created_at": CREATED, "output": [*kept, compacted],
             "usage": _responses_usage(usage), "service_tier": "default"}
+
+
+def decision_body(answers: list[Json], *, model: str = "gpt-6-luna", usage: Usage) -> Json:
+    """A /v1/decisions body: an answer per question, in their order; the model and usage, and no id."""
+    return {"answers": answers, "model": model, "usage": _responses_usage(usage)}
 
 
 def completion_body(

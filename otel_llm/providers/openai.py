@@ -587,6 +587,7 @@ class _Endpoint:
     operation = sc.OP_CHAT
     api_type: str  # openai.api.type
     prompt_keys: tuple[str, ...] = ()
+    count_prompt = staticmethod(_text_chars)  # characters of text in one of them
     stream_usage = False  # does this endpoint take stream_options.include_usage?
     answers = True  # does its response hold output messages?
 
@@ -597,7 +598,7 @@ class _Endpoint:
         for key in self.prompt_keys:
             prompt = kwargs.get(key)
             if isinstance(prompt, (str, list, tuple)):
-                prompt_chars = (prompt_chars or 0) + _text_chars(prompt)
+                prompt_chars = (prompt_chars or 0) + self.count_prompt(prompt)
         request = Request(
             operation=self.operation,
             provider=provider,
@@ -879,6 +880,37 @@ class _Compaction(_Responses):
             _read_usage(op, result.usage, _RESPONSES_USAGE)
 
 
+# what a decision's model reads: its input (messages, earlier tool calls and their outputs, JSON parts) and its
+# questions (instructions, choices, levels and their descriptions)
+_decision_chars = text_counter("content", "text", "refusal", "output", "arguments", "input", "instructions",
+                               "choices", "levels", "value", "label", "description", json_keys=("data",))
+
+
+class _Decisions(_Endpoint):
+    """``decisions.create()``: the model answers classification and scoring questions about an input, billed in
+    tokens as an answer is. Its response names the model and usage; no id and no finish reason. Its answers are
+    probabilities, not messages: none are captured as output. Never streamed."""
+
+    api_type = sc.OPENAI_API_DECISIONS
+    prompt_keys = ("input", "questions")
+    count_prompt = staticmethod(_decision_chars)
+    answers = False
+
+    def input_messages(self, kwargs: dict[str, Any]) -> list[Message]:
+        return _responses_input(kwargs.get("input"))
+
+    def read_final(self, op: Operation, result: Any) -> None:
+        op.response_model = result.model
+        if result.usage is not None:
+            _read_usage(op, result.usage, _RESPONSES_USAGE)
+
+    def observe(self, op: Operation, chunk: Any) -> int:
+        return OTHER
+
+    def gather(self, op: Operation, chunk: Any) -> None:
+        pass  # never streamed
+
+
 class _Completions(_Endpoint):
     operation = sc.OP_TEXT_COMPLETION
     api_type = sc.OPENAI_API_COMPLETIONS
@@ -963,7 +995,7 @@ def _parsing_response(op: Operation, args: tuple[Any, ...], kwargs: dict[str, An
 
 
 _CHAT, _RESPONSES, _COMPLETIONS, _EMBEDDINGS = _ChatCompletions(), _Responses(), _Completions(), _Embeddings()
-_COMPACTION = _Compaction()
+_COMPACTION, _DECISIONS = _Compaction(), _Decisions()
 _CHAT_MODULE = "openai.resources.chat.completions.completions"
 _RESPONSES_MODULE = "openai.resources.responses.responses"
 # client.beta.responses (openai 3.x): the Responses API's beta features, the same calls, events and usage
@@ -996,6 +1028,8 @@ PROVIDER = Provider(
         Target("openai.resources.completions", "AsyncCompletions.create", async_call(_COMPLETIONS)),
         Target("openai.resources.embeddings", "Embeddings.create", sync_call(_EMBEDDINGS)),
         Target("openai.resources.embeddings", "AsyncEmbeddings.create", async_call(_EMBEDDINGS)),
+        Target("openai.resources.decisions", "Decisions.create", sync_call(_DECISIONS)),
+        Target("openai.resources.decisions", "AsyncDecisions.create", async_call(_DECISIONS)),
         # headers, retries: deeper in the client, on behalf of the operation running in this context
         *_HEADERS.base_client_targets("openai"),
         # the Responses parser, where parse() looks it up (openai 3.x; 1.x and 2.x)
