@@ -1030,8 +1030,9 @@ def test_a_final_object_another_library_hands_back_for_a_stream_is_read_as_one(
 
 
 def test_prompt_length_counts_the_text_of_every_message_shape(otel: Captured) -> None:
-    """Every text the model reads again: content and its parts, and the earlier turns' tool calls (their arguments;
-    the tool's name and id are not text of the conversation) passed back as dicts or as the client's objects."""
+    """Every text the model reads again: content and its parts, and the earlier turns' refusals and tool calls (their
+    arguments, a custom tool's input; the tool's name and id are not text of the conversation) passed back as dicts
+    or as the client's objects."""
     call = openai.types.chat.ChatCompletionMessageFunctionToolCall(
         id="call_2", type="function", function={"name": "lookup", "arguments": '{"q": "x"}'})
     answered_before = openai.types.chat.ChatCompletionMessage(role="assistant", content="Earlier answer",
@@ -1045,9 +1046,15 @@ def test_prompt_length_counts_the_text_of_every_message_shape(otel: Captured) ->
         {"role": "tool", "tool_call_id": "call_1", "content": "42"},
         answered_before,  # a message object passed back in
         {"role": "assistant", "function_call": {"name": "legacy", "arguments": "{}"}},
+        {"role": "assistant", "content": None, "refusal": "I can't help with that."},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "Nor that."}]},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_3", "type": "custom", "custom": {"name": "sql", "input": "SELECT 1"}}]},
+        {"role": "tool", "tool_call_id": "call_3", "content": [{"type": "text", "text": "1"}]},
     ]
     chat(False, openai_server(tokens=TOKENS, usage=USAGE), model="gpt-4o-mini", messages=messages)
     expected = (len("Be brief.") + len("What is in") + len('{"city": "Paris"}') + len("42") + len("Earlier answer")
-                + len('{"q": "x"}') + len("{}"))
+                + len('{"q": "x"}') + len("{}") + len("I can't help with that.") + len("Nor that.")
+                + len("SELECT 1") + len("1"))
     assert attributes(otel.span())[sc.PROMPT_LENGTH] == expected
     assert otel.point(sc.STABLE_NAMES.prompt_length.name).sum == expected

@@ -495,14 +495,18 @@ def test_a_response_in_no_conversation_names_none(otel: Captured) -> None:
     assert sc.CONVERSATION_ID not in attributes(otel.span())
 
 
-def test_responses_prompt_length_counts_earlier_function_calls_and_their_outputs(otel: Captured) -> None:
+def test_responses_prompt_length_counts_earlier_tool_calls_their_outputs_and_refusals(otel: Captured) -> None:
     client, _ = sync_client([wire.Reply.json(wire.response_body("xyz", usage=USAGE))])
     client.responses.create(model="gpt-4.1", instructions="be brief", input=[
         {"role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
         {"type": "function_call", "call_id": "call_1", "name": "weather", "arguments": '{"city": "Paris"}'},
         {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+        {"type": "custom_tool_call", "call_id": "call_2", "name": "sql", "input": "SELECT 1"},
+        {"type": "custom_tool_call_output", "call_id": "call_2", "output": [{"type": "input_text", "text": "1"}]},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "No."}]},
     ])
-    expected = len("be brief") + len("weather?") + len('{"city": "Paris"}') + len("sunny")
+    expected = (len("be brief") + len("weather?") + len('{"city": "Paris"}') + len("sunny") + len("SELECT 1")
+                + len("1") + len("No."))
     assert attributes(otel.span())[sc.PROMPT_LENGTH] == expected
 
 

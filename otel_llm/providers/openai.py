@@ -145,9 +145,11 @@ _MISSING = object()
 _servers: dict[int, tuple[Any, type, tuple[str, str | None, int | None]]] = {}
 
 
-# a prompt's text: message content, content parts' text, and what earlier turns passed back: tool calls' arguments
-# (chat messages' tool_calls and legacy function_call, Responses function_call items) and tool outputs
-_text_chars = text_counter("content", "text", "output", "arguments", "tool_calls", "function", "function_call")
+# a prompt's text: message content, content parts' text, and what earlier turns passed back: refusals, tool calls'
+# arguments (chat messages' tool_calls and legacy function_call, Responses function_call items), custom tool calls'
+# input (chat's custom calls, Responses custom_tool_call items) and tool outputs
+_text_chars = text_counter("content", "text", "refusal", "output", "arguments", "input", "tool_calls", "function",
+                           "custom", "function_call")
 
 
 def _part(part: Any) -> Part:
