@@ -148,8 +148,9 @@ _servers: dict[int, tuple[Any, type, tuple[str, str | None, int | None]]] = {}
 # a prompt's text: message content, content parts' text, and what earlier turns passed back: refusals, tool calls'
 # arguments (chat messages' tool_calls and legacy function_call, Responses function_call items), custom tool calls'
 # input (chat's custom calls, Responses custom_tool_call items) and tool outputs
-_text_chars = text_counter("content", "text", "refusal", "output", "arguments", "input", "tool_calls", "function",
-                           "custom", "function_call")
+_PROMPT_KEYS = ("content", "text", "refusal", "output", "arguments", "input", "tool_calls", "function", "custom",
+                "function_call")
+_text_chars = text_counter(*_PROMPT_KEYS)
 
 
 def _part(part: Any) -> Part:
@@ -882,10 +883,10 @@ class _Compaction(_Responses):
             _read_usage(op, result.usage, _RESPONSES_USAGE)
 
 
-# what a decision's model reads: its input (messages, earlier tool calls and their outputs, JSON parts) and its
-# questions (instructions, choices, levels and their descriptions)
-_decision_chars = text_counter("content", "text", "refusal", "output", "arguments", "input", "instructions",
-                               "choices", "levels", "value", "label", "description", json_keys=("data",))
+# what a decision's model reads: its input (as a Responses input, with JSON parts) and its questions (instructions,
+# choices, levels and their descriptions)
+_decision_chars = text_counter(*_PROMPT_KEYS, "instructions", "choices", "levels", "value", "label", "description",
+                               json_keys=("data",))
 
 
 class _Decisions(_Endpoint):
