@@ -883,13 +883,23 @@ class _Compaction(_Responses):
             _read_usage(op, result.usage, _RESPONSES_USAGE)
 
 
+class _Unstreamed(_Endpoint):
+    """An endpoint that never streams: its chunks are never asked about."""
+
+    def observe(self, op: Operation, chunk: Any) -> int:
+        return OTHER
+
+    def gather(self, op: Operation, chunk: Any) -> None:
+        pass
+
+
 # what a decision's model reads: its input (as a Responses input, with JSON parts) and its questions (instructions,
 # choices, levels and their descriptions)
 _decision_chars = text_counter(*_PROMPT_KEYS, "instructions", "choices", "levels", "value", "label", "description",
                                json_keys=("data",))
 
 
-class _Decisions(_Endpoint):
+class _Decisions(_Unstreamed):
     """``decisions.create()``: the model answers classification and scoring questions about an input, billed in
     tokens as an answer is. Its response names the model and usage; no id and no finish reason. Its answers are
     probabilities, not messages: none are captured as output. Never streamed."""
@@ -906,12 +916,6 @@ class _Decisions(_Endpoint):
         op.response_model = result.model
         if result.usage is not None:
             _read_usage(op, result.usage, _RESPONSES_USAGE)
-
-    def observe(self, op: Operation, chunk: Any) -> int:
-        return OTHER
-
-    def gather(self, op: Operation, chunk: Any) -> None:
-        pass  # never streamed
 
 
 class _Completions(_Endpoint):
@@ -955,7 +959,7 @@ class _Completions(_Endpoint):
         return kind
 
 
-class _Embeddings(_Endpoint):
+class _Embeddings(_Unstreamed):
     operation = sc.OP_EMBEDDINGS
     api_type = sc.OPENAI_API_EMBEDDINGS
     prompt_keys = ("input",)
@@ -977,12 +981,6 @@ class _Embeddings(_Endpoint):
     def read_final(self, op: Operation, result: Any) -> None:
         op.response_model = result.model
         op.input_tokens = count(field(result.usage, "prompt_tokens"))
-
-    def observe(self, op: Operation, chunk: Any) -> int:
-        return OTHER
-
-    def gather(self, op: Operation, chunk: Any) -> None:
-        pass  # never streamed
 
 
 def _helper_closed(helper_stream: Any) -> None:
