@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import sys
 import time
 from array import array
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, SupportsIndex
 
@@ -288,7 +289,7 @@ def _chunks(proxy: _SyncStream, step: Callable[[], Any]) -> Iterator[Any]:
         yield chunk
 
 
-class AsyncStreamProxy(_StreamLifecycle):
+class _AsyncStream(_StreamLifecycle):
     def __init__(self, wrapped: Any, op: Operation, telemetry: Telemetry, observe: Observe,
                  read_error: ReadError) -> None:
         super().__init__(wrapped, op, telemetry)
@@ -297,6 +298,10 @@ class AsyncStreamProxy(_StreamLifecycle):
 
     def __aiter__(self) -> _AsyncChunks:
         return _AsyncChunks(self, self._self_next)
+
+
+class AsyncStreamProxy(_AsyncStream):
+    """An async stream that is its own async iterator and an async context manager, as the clients' streams are."""
 
     def __anext__(self) -> Awaitable[Any]:
         return self._self_next()
@@ -321,7 +326,7 @@ class _AsyncChunks:
 
     __slots__ = ("_next", "_proxy", "_step")
 
-    def __init__(self, proxy: AsyncStreamProxy, step: Callable[[], Awaitable[Any]]) -> None:
+    def __init__(self, proxy: _AsyncStream, step: Callable[[], Awaitable[Any]]) -> None:
         self._proxy = proxy
         self._next = step
         self._step: Callable[[], Awaitable[Any]] = self._start  # then the proxy's step itself
@@ -383,8 +388,25 @@ class _AsyncClosingStreamProxy(AsyncStreamProxy):
         await self.__wrapped__.aclose()
 
 
+class _AsyncIterableStreamProxy(_AsyncStream):
+    """A stream that is only async-iterable and closes synchronously (aiobotocore's AioEventStream): ``anext()`` and
+    ``async with`` on it fail with a TypeError, as on the caller's object without us."""
+
+    def close(self) -> None:
+        self._self_closed()
+        self.__wrapped__.close()
+
+    def __aenter__(self) -> Coroutine[Any, Any, Any]:  # as _IterableStreamProxy's __enter__
+        raise TypeError(f"{self.__class__.__name__!r} object does not support the asynchronous context manager "
+                        "protocol")
+
+
 def async_stream_proxy(wrapped: Any, op: Operation, telemetry: Telemetry, observe: Observe,
-                       read_error: ReadError) -> AsyncStreamProxy:
+                       read_error: ReadError) -> _AsyncStream:
+    kind = wrapped.__class__  # the caller's class, as in stream_proxy
+    if not hasattr(kind, "__aenter__") and callable(close := getattr(kind, "close", None)) \
+            and not inspect.iscoroutinefunction(close):
+        return _AsyncIterableStreamProxy(wrapped, op, telemetry, observe, read_error)
     proxy = _AsyncClosingStreamProxy if hasattr(type(wrapped), "aclose") else AsyncStreamProxy
     return proxy(wrapped, op, telemetry, observe, read_error)
 

@@ -10,6 +10,7 @@ import bisect
 import contextlib
 import copy
 import gc
+import importlib.util
 import io
 import itertools
 import json
@@ -709,6 +710,29 @@ def test_a_rerank_models_results_carry_no_output_count(otel: Captured, results: 
 
 
 
+def assert_read_to_its_end(otel: Captured) -> None:
+    """The whole response was read: finished without error, with every token and the output count."""
+    otel.assert_finished(None)
+    attrs = attributes(otel.span())
+    assert attrs[sc.CONTENT_CHUNKS] == len(TOKENS) and attrs[sc.USAGE_OUTPUT_TOKENS] == USAGE.output
+
+
+def assert_cancelled_after_the_first_token(otel: Captured) -> None:
+    otel.assert_finished(sc.ERROR_CANCELLED)
+    assert attributes(otel.span())[sc.CONTENT_CHUNKS] == 1
+    # what was measured before the close is kept
+    assert otel.point(sc.STABLE_NAMES.time_to_first_chunk.name).count == 1
+
+
+def assert_ended_by_the_exception_event(otel: Captured, call: StreamCall, received: list[Any],
+                                        error: EventStreamError) -> None:
+    """The caller got the events before the exception event, then botocore's error; the span has its code."""
+    assert len(received) == call.leading + 2
+    assert error.response["Error"] == {"Code": call.exception_type, "Message": "The model stopped answering."}
+    otel.assert_finished(call.exception_type[0].upper() + call.exception_type[1:])  # -> ThrottlingException
+    assert attributes(otel.span())[sc.CONTENT_CHUNKS] == 2
+
+
 @pytest.mark.parametrize("call", STREAM_CALLS, ids=stream_ids)
 def test_exhausted_stream_finishes_without_error(otel: Captured, call: StreamCall) -> None:
     with bedrock([wb.stream_reply(call.events(TOKENS, USAGE, None))]) as (client, _):
@@ -716,9 +740,7 @@ def test_exhausted_stream_finishes_without_error(otel: Captured, call: StreamCal
         events = list(response[call.key])
         response[call.key].close()  # closing after the end changes nothing
     assert len(events) == len(call.events(TOKENS, USAGE, None))
-    otel.assert_finished(None)
-    attrs = attributes(otel.span())
-    assert attrs[sc.CONTENT_CHUNKS] == 3 and attrs[sc.USAGE_OUTPUT_TOKENS] == USAGE.output
+    assert_read_to_its_end(otel)
 
 
 @pytest.mark.parametrize("call", STREAM_CALLS, ids=stream_ids)
@@ -732,10 +754,7 @@ def test_break_then_close_is_cancelled(otel: Captured, call: StreamCall) -> None
                 break
         assert otel.spans() == []  # still open: the caller may come back to it
         stream.close()
-    otel.assert_finished(sc.ERROR_CANCELLED)
-    assert attributes(otel.span())[sc.CONTENT_CHUNKS] == 1
-    # what was measured before the close is kept
-    assert otel.point(sc.STABLE_NAMES.time_to_first_chunk.name).count == 1
+    assert_cancelled_after_the_first_token(otel)
 
 
 def test_claudes_placeholder_output_count_is_not_a_count(otel: Captured) -> None:
@@ -763,9 +782,7 @@ def test_a_caller_that_stops_at_the_last_event_has_not_cancelled(otel: Captured,
         read = [event for _, event in zip(range(len(events)), stream, strict=False)]
         stream.close()
     assert len(read) == len(events)
-    otel.assert_finished(None)
-    attrs = attributes(otel.span())
-    assert attrs[sc.CONTENT_CHUNKS] == 3 and attrs[sc.USAGE_OUTPUT_TOKENS] == USAGE.output
+    assert_read_to_its_end(otel)
 
 
 @pytest.mark.parametrize("call", STREAM_CALLS, ids=stream_ids)
@@ -777,12 +794,8 @@ def test_exception_event_mid_stream_passes_through_under_its_code(otel: Captured
         with pytest.raises(EventStreamError) as raised:
             for event in response[call.key]:
                 received.append(event)
-    assert len(received) == call.leading + 2
-    assert raised.value.response["Error"] == {"Code": call.exception_type, "Message": "The model stopped answering."}
-    code = call.exception_type[0].upper() + call.exception_type[1:]  # throttlingException -> ThrottlingException
-    otel.assert_finished(code)
+    assert_ended_by_the_exception_event(otel, call, received, raised.value)
     span = otel.span()
-    assert attributes(span)[sc.CONTENT_CHUNKS] == 2
     assert [e.name for e in span.events] == ["exception"]
     assert span.events[0].attributes["exception.type"] == "botocore.exceptions.EventStreamError"  # type: ignore[index]
 
@@ -880,9 +893,11 @@ def test_clients_made_before_and_after_instrument_are_covered_and_uninstrument_i
         assert [vars(owner)[name] for owner, name in targets] == originals
         converse_once(server, before)
     assert len(captured.spans()) == 2
-    assert [t.attribute for t in bedrock_adapter.PROVIDER.targets] == [
-        "BaseClient._make_api_call", "convert_to_response_dict", "Endpoint._needs_retry",
-        "_BedrockRuntimeExtension.should_trace_service_call"]
+    assert [(t.module, t.attribute) for t in bedrock_adapter.PROVIDER.targets if not t.module.startswith("aio")] == [
+        ("botocore.client", "BaseClient._make_api_call"), ("botocore.endpoint", "convert_to_response_dict"),
+        ("botocore.endpoint", "Endpoint._needs_retry"),
+        ("opentelemetry.instrumentation.botocore.extensions.bedrock",
+         "_BedrockRuntimeExtension.should_trace_service_call")]  # aiobotocore's: tests/test_aiobotocore.py
 
 
 def test_other_services_and_operations_pass_through_untouched(otel: Captured) -> None:
@@ -966,6 +981,23 @@ def test_opentelemetrys_botocore_instrumentation_leaves_the_calls_we_record_to_u
             aws_sdk_attributes(span) for span in their_spans[1:5]]
 
 
+def test_a_wrapper_of_ours_left_inside_theirs_leaves_each_call_to_the_round_recording_it(
+        instrument: Instrument, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ours, then theirs over it: our uninstrument() cannot take ours out from under theirs, so it stays on
+    botocore's path. Instrumented again, over theirs, the new round records each call once and the old wrapper
+    passes it through untouched: the caller's stream and body are botocore's, read once."""
+    base = botocore.client.BaseClient
+    monkeypatch.setattr(base, "_make_api_call", vars(base)["_make_api_call"])  # ours would outlive the test
+    instrument()
+    with botocore_instrumentation(), wire.LoopbackServer() as server:
+        otel_llm.uninstrument()
+        captured = instrument()
+        inference_and_other_calls(server)
+    assert [span.attributes[sc.RPC_METHOD] for span in captured.spans()] == [  # type: ignore[index]
+        "Converse", "ConverseStream", "InvokeModel", "InvokeModelWithResponseStream"]
+    assert attributes(captured.spans()[1])[sc.CONTENT_CHUNKS] == len(TOKENS)
+
+
 def aws_sdk_attributes(span: ReadableSpan) -> dict[str, Any]:
     keys = (sc.RPC_SYSTEM, sc.RPC_SERVICE, sc.RPC_METHOD, sc.CLOUD_REGION, sc.AWS_REQUEST_ID)
     attrs = span.attributes or {}
@@ -989,10 +1021,11 @@ def test_when_their_uninstrument_takes_our_wrapper_off_the_calls_are_theirs_agai
         "Converse", "ConverseStream", "InvokeModel", "InvokeModelWithResponseStream", "CountTokens"]
 
 
-def test_aiobotocore_calls_which_we_do_not_record_are_left_to_opentelemetrys_botocore_instrumentation(
+def test_asked_from_a_coroutine_the_extension_leaves_aiobotocores_calls_to_us_where_we_wrapped_it(
         instrument: Instrument) -> None:
     """Were its aiobotocore path to ask its bedrock extension (0.66 has none for aiobotocore), it would ask from a
-    coroutine: those calls, which we do not record, it still traces."""
+    coroutine: the call is aiobotocore's, ours to record where aiobotocore is installed (its venv runs this too), and
+    its to trace where it is not, as we have wrapped nothing of it."""
     from opentelemetry.instrumentation.botocore.extensions.bedrock import _BedrockRuntimeExtension
     from opentelemetry.instrumentation.botocore.extensions.types import _AwsSdkCallContext
 
@@ -1004,7 +1037,7 @@ def test_aiobotocore_calls_which_we_do_not_record_are_left_to_opentelemetrys_bot
         return extension.should_trace_service_call()
 
     assert extension.should_trace_service_call() is False
-    assert asyncio.run(asked_by_aiobotocore()) is True
+    assert asyncio.run(asked_by_aiobotocore()) is (importlib.util.find_spec("aiobotocore") is None)
 
 
 def test_the_caller_gets_what_boto3_gives_without_us(instrument: Instrument) -> None:

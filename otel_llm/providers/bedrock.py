@@ -1,9 +1,10 @@
-"""The boto3 ``bedrock-runtime`` client: what its calls, results and stream events mean, as plain values. No spans,
-no meters.
+"""The boto3 ``bedrock-runtime`` client, and aiobotocore's: what its calls, results and stream events mean, as plain
+values. No spans, no meters.
 
 Covers ``converse``, ``converse_stream``, ``invoke_model`` and ``invoke_model_with_response_stream`` on every client,
 made before or after ``instrument()``: botocore builds client classes at run time, so the patch sits on the method
-they all call, ``BaseClient._make_api_call``, and lets every other service and operation through untouched.
+they all call, ``BaseClient._make_api_call`` (aiobotocore's ``AioBaseClient._make_api_call``, a coroutine function),
+and lets every other service and operation through untouched.
 ``invoke_model`` JSON is read by its shape: Anthropic Claude (messages and text completions), Meta Llama, Amazon
 Titan and Nova, Cohere (generate and chat), Mistral (completions and chat). Bedrock's own latency figures
 (``metrics.latencyMs``, the ``x-amzn-bedrock-invocation-latency`` header, a stream's
@@ -20,9 +21,9 @@ import re
 import sys
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
 import wrapt
@@ -33,7 +34,7 @@ from botocore.response import StreamingBody
 
 from otel_llm import _content as ct
 from otel_llm import _semconv as sc
-from otel_llm._calls import Kind, current_operation, hook, sync_call
+from otel_llm._calls import Kind, async_call, current_operation, hook, sync_call
 from otel_llm._content import Message, Output, Part
 from otel_llm._operation import Request
 from otel_llm._patching import Provider, Target
@@ -44,6 +45,8 @@ from otel_llm.providers import _claude
 from otel_llm.providers._values import count, field, number, parameter, text_counter
 
 if TYPE_CHECKING:
+    from types import CoroutineType
+
     from otel_llm._calls import Wrapper
     from otel_llm._operation import Operation
     from otel_llm._settings import Settings
@@ -547,6 +550,21 @@ class _EventIterator(Transparent):
         return copy.copy(self.__wrapped__)  # a copy of the stream proxy steps through the proxy's own step
 
 
+class _AsyncEventIterator(Transparent):
+    """aiobotocore's AioEventStream, botocore's EventStream read with ``async for``: each ``__aiter__`` of it is a
+    new async generator over its one source of events, and this steps the first for the core's async proxy."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._self_events = stream.__aiter__()
+
+    def __anext__(self) -> Awaitable[Any]:
+        return self._self_events.__anext__()  # type: ignore[no-any-return]
+
+    def __copy__(self) -> Any:
+        return copy.copy(self.__wrapped__)
+
+
 class _Replay(io.BytesIO):
     """What the caller's StreamingBody reads once we have read the HTTP body within the call: the same bytes, as
     urllib3's response gives them (nothing after a close, and always readable). botocore's set_socket_timeout reaches
@@ -587,6 +605,54 @@ class _Unreadable(io.RawIOBase):
 
     def readable(self) -> bool:
         return True
+
+
+class _AsyncReplay:
+    """_Replay for aiobotocore's bodies: the response they read (``raw_stream``) once we have read its body within
+    the call, in the shape of either of its backends' (aiohttp's ``content`` stream, httpx's ``aiter_raw()``). After
+    a close, a read fails as aiohttp's closed response fails it; httpx's reads nothing more."""
+
+    def __init__(self, data: bytes, raw: object) -> None:
+        self._data = memoryview(data)
+        self._offset = 0
+        self._closed = False
+        self.url = getattr(raw, "url", None)
+        aiohttp = sys.modules.get("aiohttp")
+        self._closed_error: type[Exception] | None = aiohttp.ClientConnectionError \
+            if aiohttp is not None and isinstance(raw, aiohttp.ClientResponse) else None
+        self.content = self
+
+    async def read(self, size: int = -1) -> bytes:
+        if self._closed:
+            if self._closed_error is not None:
+                raise self._closed_error("Connection closed")
+            return b""
+        end = len(self._data) if size < 0 else self._offset + size
+        chunk = bytes(self._data[self._offset:end])
+        self._offset += len(chunk)
+        return chunk
+
+    def at_eof(self) -> bool:
+        return self._closed or self._offset >= len(self._data)
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        rest = await self.read()
+        if rest:
+            yield rest
+
+    def close(self) -> None:
+        self._closed = True
+
+    async def aclose(self) -> None:
+        self.close()
+
+
+def _aio_bodies() -> tuple[type, ...]:
+    """aiobotocore's response bodies of its two backends (aiohttp, httpx), whose ``raw_stream`` _AsyncReplay stands
+    in for; any other body is left unread."""
+    module = sys.modules.get("aiobotocore.response")
+    kinds = (getattr(module, name, None) for name in ("AioStreamingBody", "AioHttpxStreamingBody"))
+    return tuple(kind for kind in kinds if isinstance(kind, type))
 
 
 class _Endpoint:
@@ -641,11 +707,17 @@ class _Endpoint:
     def receive(self, response: dict[str, Any]) -> Any:
         return response
 
+    async def receive_async(self, response: dict[str, Any]) -> Any:
+        """``receive`` for aiobotocore's result."""
+        return self.receive(response)
+
     def deliver(self, response: dict[str, Any], adopted: Any) -> Any:
         return adopted
 
     def kind(self, op: Operation, result: Any) -> Kind:
-        return Kind.STREAM if isinstance(result, _EventIterator) else Kind.COMPLETE
+        if isinstance(result, _EventIterator):
+            return Kind.STREAM
+        return Kind.ASYNC_STREAM if isinstance(result, _AsyncEventIterator) else Kind.COMPLETE
 
     def read(self, op: Operation, result: Any) -> None:
         raise NotImplementedError
@@ -681,8 +753,11 @@ class _StreamEndpoint(_Endpoint):
 
     def receive(self, response: dict[str, Any]) -> Any:
         events = response.get(self.key)
-        # botocore's EventStream; anything else (a Stubber's stand-in, nothing) is the caller's as it is
-        return _EventIterator(events) if isinstance(events, EventStream) else response
+        # botocore's EventStream, or aiobotocore's (async); anything else (a Stubber's stand-in, nothing) is the
+        # caller's as it is
+        if not isinstance(events, EventStream):
+            return response
+        return _AsyncEventIterator(events) if hasattr(type(events), "__aiter__") else _EventIterator(events)
 
     def deliver(self, response: dict[str, Any], adopted: Any) -> Any:
         return response if adopted is response else {**response, self.key: adopted}
@@ -744,6 +819,19 @@ class _InvokeModel(_Invoke):
         response["body"] = StreamingBody(_Replay(data), len(data))
         return response, data, None
 
+    async def receive_async(self, response: dict[str, Any]) -> Any:
+        """``receive`` of aiobotocore's body, read with ``await``. One that fails to read stays the caller's: its
+        transport has failed, and a read of it fails again as it does."""
+        body: Any = response.get("body")
+        if type(body) not in _aio_bodies():
+            return response, None, None
+        try:
+            data = await body.read()
+        except Exception as error:  # aiohttp's ClientPayloadError, AioReadTimeoutError, ...: the caller's
+            return response, None, error
+        response["body"] = type(body)(_AsyncReplay(data, body.raw_stream), len(data))
+        return response, data, None
+
     def deliver(self, response: dict[str, Any], adopted: Any) -> Any:
         return response
 
@@ -784,8 +872,47 @@ def _api_call_arguments(operation_name: str, api_params: dict[str, Any]) -> tupl
     return operation_name, api_params
 
 
-# the wrapper of BaseClient._make_api_call that each instrumentation round made, by its telemetry
+# the wrappers of BaseClient._make_api_call (botocore's) and AioBaseClient._make_api_call (aiobotocore's) that each
+# instrumentation round made, by its telemetry
 _API_CALL_WRAPPERS: weakref.WeakKeyDictionary[Telemetry, Wrapper] = weakref.WeakKeyDictionary()
+_AIO_API_CALL_WRAPPERS: weakref.WeakKeyDictionary[Telemetry, Wrapper] = weakref.WeakKeyDictionary()
+
+
+def _dispatch(calls: Mapping[str, tuple[_Endpoint, Wrapper]], instance: Any, args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> tuple[str, dict[str, Any], _Endpoint, Wrapper] | None:
+    """The operation's name, its ``api_params``, endpoint and call wrapper, if it is one we record."""
+    try:
+        operation_name, params = _api_call_arguments(*args, **kwargs)
+        if instance.meta.service_model.service_name != _SERVICE or operation_name not in calls:
+            return None
+        return operation_name, params, *calls[operation_name]
+    except Exception:
+        report_failure("bedrock dispatch")
+        return None
+
+
+class _Received:
+    """What the client's own call returned inside the core's, for the endpoint to build the caller's result from."""
+
+    __slots__ = ("_endpoint", "_outer", "measured", "response")
+
+    def __init__(self, endpoint: _Endpoint) -> None:
+        self._endpoint = endpoint
+        self._outer = current_operation()
+        self.response: dict[str, Any] = {}
+        self.measured = False
+
+    def took(self, result: dict[str, Any]) -> bool:
+        """Whether the core measures this call. It may call as if we were not there (suppressed, say, or this is a
+        wrapper of an earlier round under the round recording the call): then so do we."""
+        if current_operation() is self._outer:
+            return False
+        self.measured = True
+        self.response.update(result)
+        return True
+
+    def deliver(self, outcome: Any) -> Any:
+        return self._endpoint.deliver(self.response, outcome) if self.measured else outcome
 
 
 def _api_call(telemetry: Telemetry) -> Wrapper:
@@ -794,30 +921,48 @@ def _api_call(telemetry: Telemetry) -> Wrapper:
     calls = {name: (endpoint, sync_call(endpoint)(telemetry)) for name, endpoint in _ENDPOINTS.items()}
 
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        try:
-            operation_name, params = _api_call_arguments(*args, **kwargs)
-            found = calls.get(operation_name) if instance.meta.service_model.service_name == _SERVICE else None
-        except Exception:
-            report_failure("bedrock dispatch")
-            found = None
+        found = _dispatch(calls, instance, args, kwargs)
         if found is None:
             return wrapped(*args, **kwargs)
-        endpoint, call = found
-        response: dict[str, Any] = {}
-        measured = []
+        operation_name, params, endpoint, call = found
+        received = _Received(endpoint)
 
         def send(**api_params: Any) -> Any:
             result = wrapped(operation_name, api_params)
-            if current_operation() is None:  # the core calls as if we were not there (suppressed, say): so do we
-                return result
-            measured.append(True)
-            response.update(result)
-            return endpoint.receive(response)
+            return endpoint.receive(received.response) if received.took(result) else result
 
-        outcome = call(send, instance, (), params)
-        return endpoint.deliver(response, outcome) if measured else outcome
+        return received.deliver(call(send, instance, (), params))
 
     _API_CALL_WRAPPERS[telemetry] = wrapper
+    return wrapper
+
+
+def _aio_api_call(telemetry: Telemetry) -> Wrapper:
+    """aiobotocore's ``AioBaseClient._make_api_call``, a coroutine function that serves every AWS service as
+    botocore's does: the same operations go through the core's async call, everything else passes untouched."""
+    calls = {name: (endpoint, async_call(endpoint)(telemetry)) for name, endpoint in _ENDPOINTS.items()}
+
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        found = _dispatch(calls, instance, args, kwargs)
+        if found is None:
+            return wrapped(*args, **kwargs)
+        operation_name, params, endpoint, call = found
+        received = _Received(endpoint)
+
+        async def send(**api_params: Any) -> Any:
+            result = await wrapped(operation_name, api_params)
+            return await endpoint.receive_async(received.response) if received.took(result) else result
+
+        async def run() -> Any:
+            return received.deliver(await call(send, instance, (), params))
+
+        coroutine = cast("CoroutineType[Any, Any, Any]", run())
+        name = getattr(wrapped, "__qualname__", None)
+        if isinstance(name, str):  # aiobotocore's own name, as a warning that it was never awaited says it
+            coroutine.__qualname__, coroutine.__name__ = name, name.rpartition(".")[2]
+        return coroutine
+
+    _AIO_API_CALL_WRAPPERS[telemetry] = wrapper
     return wrapper
 
 
@@ -825,15 +970,15 @@ def _leave_inference_to_us(telemetry: Telemetry) -> Wrapper:
     """OpenTelemetry's botocore instrumentation records bedrock-runtime's inference calls as GenAI spans and metrics
     too (its bedrock extension, under the same metric names, with buckets of its own): beside it every call would be
     recorded twice. Its extension is asked, before it opens a span, whether to trace the call; for the operations
-    we record the answer is no while our wrapper is on botocore's path, whichever of the two wrapped botocore first.
-    Every other AWS call, bedrock-runtime's others included, it traces as before. So would it aiobotocore's calls,
-    which we do not record, should it ever ask about them (its 0.66 has no bedrock extension for aiobotocore): those
-    ask from a coroutine."""
+    we record the answer is no while our wrapper is on the client's path, whichever of the two wrapped it first.
+    Every other AWS call, bedrock-runtime's others included, it traces as before. Asked from a coroutine, the call is
+    aiobotocore's (its 0.66 has no bedrock extension for aiobotocore, so it does not ask yet), and the path is
+    aiobotocore's."""
 
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
             if not telemetry.retired and instance._call_context.operation in _ENDPOINTS \
-                    and not _asked_from_coroutine(sys._getframe(1)) and _on_botocores_path(telemetry):
+                    and _on_the_clients_path(telemetry, _asked_from_coroutine(sys._getframe(1))):
                 return False
         except Exception:
             report_failure("botocore instrumentation")
@@ -842,11 +987,13 @@ def _leave_inference_to_us(telemetry: Telemetry) -> Wrapper:
     return wrapper
 
 
-def _on_botocores_path(telemetry: Telemetry) -> bool:
-    """Whether this round's wrapper is still on botocore's path: another library's uninstrument() may have taken it
-    off (OpenTelemetry's removes whichever wrapper is outermost), and then the call is theirs to record."""
-    mine = _API_CALL_WRAPPERS.get(telemetry)
-    method = vars(BaseClient).get("_make_api_call")
+def _on_the_clients_path(telemetry: Telemetry, aio: bool) -> bool:
+    """Whether this round's wrapper is still on botocore's path (aiobotocore's): another library's uninstrument()
+    may have taken it off (OpenTelemetry's removes whichever wrapper is outermost), and then the call is theirs to
+    record."""
+    mine = (_AIO_API_CALL_WRAPPERS if aio else _API_CALL_WRAPPERS).get(telemetry)
+    client = getattr(sys.modules.get("aiobotocore.client"), "AioBaseClient", None) if aio else BaseClient
+    method = vars(client).get("_make_api_call") if isinstance(client, type) else None
     while isinstance(method, wrapt.FunctionWrapper):
         if method._self_wrapper is mine:
             return True
@@ -899,6 +1046,10 @@ PROVIDER = Provider(
         # headers and retries: deeper in botocore, on behalf of the operation running in this context
         Target("botocore.endpoint", "convert_to_response_dict", hook(_response_arrived)),
         Target("botocore.endpoint", "Endpoint._needs_retry", hook(_attempted)),
+        # aiobotocore's own of the three, present only where it is installed
+        Target("aiobotocore.client", "AioBaseClient._make_api_call", _aio_api_call),
+        Target("aiobotocore.endpoint", "convert_to_response_dict", hook(_response_arrived)),
+        Target("aiobotocore.endpoint", "AioEndpoint._needs_retry", hook(_attempted)),
         # present only where opentelemetry-instrumentation-botocore is installed
         Target("opentelemetry.instrumentation.botocore.extensions.bedrock",
                "_BedrockRuntimeExtension.should_trace_service_call", _leave_inference_to_us),
