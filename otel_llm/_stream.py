@@ -165,7 +165,13 @@ def _gaps(op: Operation) -> array[int]:
     return op.gaps_ns
 
 
-class Transparent(wrapt.ObjectProxy[Any]):
+if TYPE_CHECKING:
+    _ObjectProxy = wrapt.ObjectProxy[Any]
+else:  # wrapt 1's proxy is generic in its stubs only
+    _ObjectProxy = wrapt.ObjectProxy
+
+
+class Transparent(_ObjectProxy):
     """A proxy of ours around a client's object that shows as that object where wrapt's would show itself: its repr,
     and pickling, which is the object's own (a client's stream and response refuse it with a TypeError, as their
     HTTP response holds locks; wrapt's proxy raises NotImplementedError)."""
