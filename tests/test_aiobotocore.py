@@ -60,6 +60,16 @@ from test_bedrock import (
     sdk_call,
     stream_ids,
 )
+from test_content import (  # the fixture too
+    CONVERSE_MESSAGES,
+    IMAGE_PART,
+    WEATHER,
+    converse_tool_stream,
+    record,  # noqa: F401
+    text,
+    tool_call,
+    tool_result,
+)
 
 import otel_llm
 from otel_llm import _semconv as sc
@@ -273,6 +283,25 @@ async def test_an_event_stream_closes_and_iterates_only_as_aiobotocores_own(inst
     async with bedrock([wb.stream_reply(CONVERSE_STREAM.events(TOKENS, USAGE, None))]) as (client, _):
         assert await use(client) == without
     captured.assert_finished(sc.ERROR_CANCELLED)  # closed before its end
+
+
+async def test_content_is_captured_as_from_boto3_when_opted_in(record: Any) -> None:  # noqa: F811
+    """test_content's converse_stream turns and streamed tool call, through aiobotocore: the same messages."""
+    recorded = record()
+    async with bedrock([wb.stream_reply(converse_tool_stream())]) as (client, _):
+        response = await client.converse_stream(modelId="m", system=[{"text": "Be brief."}],
+                                                messages=CONVERSE_MESSAGES)
+        [event async for event in response["stream"]]
+    assert recorded.content() == {
+        sc.SYSTEM_INSTRUCTIONS: [text("Be brief.")],
+        sc.INPUT_MESSAGES: [
+            {"role": "user", "parts": [text("Weather here?"), IMAGE_PART]},
+            {"role": "assistant", "parts": [tool_call("tu_1", "get_weather", WEATHER)]},
+            {"role": "user", "parts": [tool_result("tu_1", [{"celsius": 18}])]},
+        ],
+        sc.OUTPUT_MESSAGES: [{"role": "assistant", "finish_reason": "tool_use", "parts": [
+            text("Checking."), tool_call("tu_2", "get_weather", WEATHER)]}],
+    }
 
 
 # --- every way a stream finishes, exactly once ---------------------------------------------------------------------
