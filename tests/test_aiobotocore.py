@@ -12,8 +12,12 @@ import asyncio
 import contextlib
 import gc
 import json
+import re
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiobotocore.client
@@ -549,3 +553,16 @@ async def test_a_wrapper_of_ours_left_inside_theirs_leaves_each_call_to_the_roun
     finally:
         AiobotocoreInstrumentor().uninstrument()
     assert [attributes(span)[sc.CONTENT_CHUNKS] for span in captured.spans()] == [3] * len(STREAM_CALLS)
+
+
+def test_the_bedrock_benchmark_prints_every_figure() -> None:
+    """benchmarks/bedrock.py, a smoke run: its figures are read by people, and each must be there."""
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "bedrock.py"
+    result = subprocess.run([sys.executable, str(script), "--quick"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    number = r"[+-]?\d+\.\d+"
+    for client in ("boto3", "aiobotocore"):
+        for workload in ("converse", "converse_stream 16 tokens", "converse_stream 256 tokens", "invoke_model"):
+            assert re.search(rf"^{client}\s+{workload}\s+{number}\s+{number}\s+{number} \({number}\)$", result.stdout,
+                             re.M), result.stdout
+        assert re.search(rf"^{client}\s+per further streamed token: {number} us$", result.stdout, re.M), result.stdout
