@@ -14,6 +14,7 @@ Titan and Nova, Cohere (generate and chat), Mistral (completions and chat). Bedr
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import io
 import json
@@ -96,8 +97,8 @@ def _request_parameters(body: Mapping[str, Any]) -> dict[str, Any]:
     for source in (body, *(body[key] for key in _CONFIG_KEYS if isinstance(body.get(key), Mapping))):
         for name, keys in _PARAMETERS:
             for key in keys:
-                value = parameter(name, source.get(key))
-                if value is not None:
+                given = source.get(key)
+                if given is not None and (value := parameter(name, given)) is not None:
                     attributes.setdefault(name, value)
         for key in _STOP_KEYS:
             stop = source.get(key)
@@ -184,7 +185,13 @@ def _request_body(kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _server(client: Any) -> tuple[str | None, int | None]:
-    url = urlsplit(client.meta.endpoint_url)
+    return _address(client.meta.endpoint_url)
+
+
+@functools.lru_cache(maxsize=64)
+def _address(endpoint_url: str) -> tuple[str | None, int | None]:
+    """A client's endpoint's host and port: the same few endpoints, parsed once each."""
+    url = urlsplit(endpoint_url)
     return url.hostname, url.port or {"https": 443, "http": 80}.get(url.scheme)
 
 
