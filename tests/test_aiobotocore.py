@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import gc
 import json
+import logging
 import re
 import subprocess
 import sys
@@ -76,6 +77,7 @@ from test_content import (  # the fixture too
 )
 
 import otel_llm
+from otel_llm import _safety
 from otel_llm import _semconv as sc
 from otel_llm.providers import bedrock as bedrock_adapter
 
@@ -235,6 +237,29 @@ async def test_a_body_cut_off_in_transfer_fails_at_read_as_without_us(instrument
     captured = instrument()
     assert await read_cut_body() is without
     captured.assert_finished(without.__name__)
+
+
+async def test_a_body_we_cannot_replay_is_the_callers_unread(
+        otel: Captured, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Should a release's body class not take our stand-in for its response, we find out before reading: the body
+    stays aiobotocore's own, unread, and the span has the token counts of Bedrock's headers."""
+    monkeypatch.setattr(_safety, "strict", False)
+    monkeypatch.setattr(_safety, "_reported", set())
+
+    def refused(raw: object) -> None:
+        raise TypeError("a constructor of a release we have not seen")
+
+    monkeypatch.setattr(bedrock_adapter, "_AsyncReplay", refused)
+    reply = wb.invoke_reply(CLAUDE.body(TOKENS, USAGE), wb.invocation_headers(USAGE, latency_ms=70))
+    async with bedrock([reply]) as (client, _):
+        with caplog.at_level(logging.WARNING, logger="otel_llm"):
+            body = (await client.invoke_model(modelId=MODEL, body=json.dumps(CLAUDE.request("Hi"))))["body"]
+        assert type(body.raw_stream).__name__ == "ClientResponse"
+        assert await body.read() == reply.body
+    assert [r.message for r in caplog.records] == [
+        "otel_llm: internal failure in aiobotocore body; telemetry for this call is incomplete"]
+    attrs = attributes(otel.span())
+    assert attrs[sc.USAGE_OUTPUT_TOKENS] == USAGE.output and sc.RESPONSE_ID not in attrs  # the headers', not the body's
 
 
 async def test_the_caller_gets_what_aiobotocore_gives_without_us(instrument: Instrument) -> None:

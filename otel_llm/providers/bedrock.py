@@ -619,8 +619,8 @@ class _AsyncReplay:
     the call, in the shape of either of its backends' (aiohttp's ``content`` stream, httpx's ``aiter_raw()``). After
     a close, a read fails as aiohttp's closed response fails it; httpx's reads nothing more."""
 
-    def __init__(self, data: bytes, raw: object) -> None:
-        self._data = memoryview(data)
+    def __init__(self, raw: object) -> None:
+        self._data = memoryview(b"")
         self._offset = 0
         self._closed = False
         self.url = getattr(raw, "url", None)
@@ -628,6 +628,9 @@ class _AsyncReplay:
         self._closed_error: type[Exception] | None = aiohttp.ClientConnectionError \
             if aiohttp is not None and isinstance(raw, aiohttp.ClientResponse) else None
         self.content = self
+
+    def hold(self, data: bytes) -> None:
+        self._data = memoryview(data)
 
     async def read(self, size: int = -1) -> bytes:
         if self._closed:
@@ -832,11 +835,18 @@ class _InvokeModel(_Invoke):
         body: Any = response.get("body")
         if type(body) not in _aio_bodies():
             return response, None, None
+        try:  # made before the read: a body of a release whose class we cannot make so is left unread
+            raw = _AsyncReplay(body.raw_stream)
+            replay = type(body)(raw, None)  # its length was checked as the body we read was
+        except Exception:
+            report_failure("aiobotocore body")
+            return response, None, None
         try:
             data = await body.read()
         except Exception as error:  # aiohttp's ClientPayloadError, AioReadTimeoutError, ...: the caller's
             return response, None, error
-        response["body"] = type(body)(_AsyncReplay(data, body.raw_stream), len(data))
+        raw.hold(data)
+        response["body"] = replay
         return response, data, None
 
     def deliver(self, response: dict[str, Any], adopted: Any) -> Any:
