@@ -67,13 +67,9 @@ from test_bedrock import (
 )
 from test_content import (  # the fixture too
     CONVERSE_MESSAGES,
-    IMAGE_PART,
-    WEATHER,
+    CONVERSE_TOOL_STREAM_CONTENT,
     converse_tool_stream,
     record,  # noqa: F401
-    text,
-    tool_call,
-    tool_result,
 )
 
 import otel_llm
@@ -321,16 +317,7 @@ async def test_content_is_captured_as_from_boto3_when_opted_in(record: Any) -> N
         response = await client.converse_stream(modelId="m", system=[{"text": "Be brief."}],
                                                 messages=CONVERSE_MESSAGES)
         [event async for event in response["stream"]]
-    assert recorded.content() == {
-        sc.SYSTEM_INSTRUCTIONS: [text("Be brief.")],
-        sc.INPUT_MESSAGES: [
-            {"role": "user", "parts": [text("Weather here?"), IMAGE_PART]},
-            {"role": "assistant", "parts": [tool_call("tu_1", "get_weather", WEATHER)]},
-            {"role": "user", "parts": [tool_result("tu_1", [{"celsius": 18}])]},
-        ],
-        sc.OUTPUT_MESSAGES: [{"role": "assistant", "finish_reason": "tool_use", "parts": [
-            text("Checking."), tool_call("tu_2", "get_weather", WEATHER)]}],
-    }
+    assert recorded.content() == CONVERSE_TOOL_STREAM_CONTENT
 
 
 # --- every way a stream finishes, exactly once ---------------------------------------------------------------------

@@ -382,22 +382,26 @@ def converse_tool_stream() -> list[bytes]:
     ]
 
 
+# what the conversation above and converse_tool_stream()'s answer are captured as, under a system of "Be brief."
+CONVERSE_TOOL_STREAM_CONTENT = {
+    sc.SYSTEM_INSTRUCTIONS: [text("Be brief.")],
+    sc.INPUT_MESSAGES: [
+        {"role": "user", "parts": [text("Weather here?"), IMAGE_PART]},
+        {"role": "assistant", "parts": [tool_call("tu_1", "get_weather", WEATHER)]},
+        {"role": "user", "parts": [tool_result("tu_1", [{"celsius": 18}])]},
+    ],
+    sc.OUTPUT_MESSAGES: [{"role": "assistant", "finish_reason": "tool_use", "parts": [
+        text("Checking."), tool_call("tu_2", "get_weather", WEATHER)]}],
+}
+
+
 def test_bedrock_converse_stream_turns_and_streamed_tool_call(record: Any) -> None:
     recorded = record()
     with wire.LoopbackServer([wb.stream_reply(converse_tool_stream())]) as server:
         response = wb.client(server).converse_stream(modelId="m", system=[{"text": "Be brief."}, {"cachePoint": {
             "type": "default"}}], messages=CONVERSE_MESSAGES)
         list(response["stream"])
-    assert recorded.content() == {
-        sc.SYSTEM_INSTRUCTIONS: [text("Be brief.")],
-        sc.INPUT_MESSAGES: [
-            {"role": "user", "parts": [text("Weather here?"), IMAGE_PART]},
-            {"role": "assistant", "parts": [tool_call("tu_1", "get_weather", WEATHER)]},
-            {"role": "user", "parts": [tool_result("tu_1", [{"celsius": 18}])]},
-        ],
-        sc.OUTPUT_MESSAGES: [{"role": "assistant", "finish_reason": "tool_use", "parts": [
-            text("Checking."), tool_call("tu_2", "get_weather", WEATHER)]}],
-    }
+    assert recorded.content() == CONVERSE_TOOL_STREAM_CONTENT
 
 
 def test_bedrock_converse_whole_output(record: Any) -> None:
