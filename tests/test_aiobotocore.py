@@ -75,6 +75,7 @@ from test_content import (  # the fixture too
 import otel_llm
 from otel_llm import _safety
 from otel_llm import _semconv as sc
+from otel_llm.providers import aiobotocore as aiobotocore_adapter
 from otel_llm.providers import bedrock as bedrock_adapter
 
 MS = 1e-3
@@ -507,8 +508,25 @@ async def test_opentelemetrys_bedrock_extension_asked_from_a_coroutine_leaves_th
     assert extension.should_trace_service_call() is True
 
 
-def test_the_adapter_patches_aiobotocores_methods_beside_botocores() -> None:
-    assert [(t.module, t.attribute) for t in bedrock_adapter.PROVIDER.targets if t.module.startswith("aio")] == [
+def test_aiobotocore_is_patched_when_imported_and_a_boto3_service_never_imports_it() -> None:
+    """Its own adapter, as each client has: a service with aiobotocore installed that uses boto3 alone does not
+    import it (nor aiohttp) because of us; one that imports it after instrument() gets it patched."""
+    script = """if True:
+        import sys
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.trace import TracerProvider
+        import otel_llm
+        otel_llm.instrument(tracer_provider=TracerProvider(), meter_provider=MeterProvider())
+        import boto3
+        boto3.client("bedrock-runtime", region_name="us-east-1", aws_access_key_id="t", aws_secret_access_key="t")
+        print(sorted(name for name in ("aiobotocore", "aiohttp") if name in sys.modules))
+        import aiobotocore.session, aiobotocore.client, wrapt
+        print(isinstance(vars(aiobotocore.client.AioBaseClient)["_make_api_call"], wrapt.FunctionWrapper))
+    """
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:2] == ["[]", "True"]
+    assert [(t.module, t.attribute) for t in aiobotocore_adapter.PROVIDER.targets] == [
         ("aiobotocore.client", "AioBaseClient._make_api_call"),
         ("aiobotocore.endpoint", "convert_to_response_dict"),
         ("aiobotocore.endpoint", "AioEndpoint._needs_retry")]

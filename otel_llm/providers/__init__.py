@@ -10,4 +10,5 @@ ADAPTERS: dict[str, Client] = {
     "openai": Client("openai", "openai", min_version=(1, 92), below_version=(4,)),
     "anthropic": Client("anthropic", "anthropic", min_version=(2, 14), below_version=(3,)),
     "bedrock": Client("botocore", "botocore", min_version=(1, 34), below_version=(2,)),
+    "aiobotocore": Client("aiobotocore", "aiobotocore", min_version=(2, 25), below_version=(4,)),
 }

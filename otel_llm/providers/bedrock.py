@@ -1063,12 +1063,19 @@ PROVIDER = Provider(
         # headers and retries: deeper in botocore, on behalf of the operation running in this context
         Target("botocore.endpoint", "convert_to_response_dict", hook(_response_arrived)),
         Target("botocore.endpoint", "Endpoint._needs_retry", hook(_attempted)),
-        # aiobotocore's own of the three, present only where it is installed
-        Target("aiobotocore.client", "AioBaseClient._make_api_call", _aio_api_call),
-        Target("aiobotocore.endpoint", "convert_to_response_dict", hook(_response_arrived)),
-        Target("aiobotocore.endpoint", "AioEndpoint._needs_retry", hook(_attempted)),
         # present only where opentelemetry-instrumentation-botocore is installed
         Target("opentelemetry.instrumentation.botocore.extensions.bedrock",
                "_BedrockRuntimeExtension.should_trace_service_call", _leave_inference_to_us),
+    ),
+)
+
+# aiobotocore's own of the first three, patched when aiobotocore is imported (providers/aiobotocore.py): a service
+# that has it installed and uses boto3 alone does not import it, nor aiohttp
+AIO_PROVIDER = Provider(
+    name="aiobotocore",
+    targets=(
+        Target("aiobotocore.client", "AioBaseClient._make_api_call", _aio_api_call),
+        Target("aiobotocore.endpoint", "convert_to_response_dict", hook(_response_arrived)),
+        Target("aiobotocore.endpoint", "AioEndpoint._needs_retry", hook(_attempted)),
     ),
 )
