@@ -3,9 +3,10 @@
     import otel_llm
     otel_llm.instrument()
 
-Every call made through a supported client (openai, anthropic, boto3 bedrock-runtime) then emits one CLIENT span
-and the GenAI metrics: operation duration, time to first chunk, time per output chunk and per output token, token
-usage, prompt length and rate-limit headroom. Zero-code: ``opentelemetry-instrument python app.py``.
+Every call made through a supported client (openai, anthropic, bedrock-runtime through boto3 or aiobotocore) then
+emits one CLIENT span and the GenAI metrics: operation duration, time to first chunk, time per output chunk and per
+output token, token usage, prompt length and rate-limit headroom. Zero-code: ``opentelemetry-instrument python
+app.py``.
 
 Without providers of its own, the application gets OTLP export configured from the standard variables
 (``OTEL_SERVICE_NAME``, ``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_EXPORTER_OTLP_PROTOCOL``, ``OTEL_TRACES_EXPORTER``,
