@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable, Mapping, Sequence, Set
+from collections.abc import Callable, Coroutine, Mapping, Sequence, Set
 from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -137,15 +137,21 @@ def async_call(endpoint: Endpoint) -> Callable[[Telemetry], Wrapper]:
                     (_leave_closed if closed else _leave)(recording, entered)
                 return _adopt(recording, endpoint, op, result, is_async=True)
 
-            coroutine = cast("CoroutineType[Any, Any, Any]", run())
-            name = getattr(wrapped, "__qualname__", None)
-            if isinstance(name, str):  # the client's own name, as a warning that it was never awaited says it
-                coroutine.__qualname__, coroutine.__name__ = name, name.rpartition(".")[2]
-            return coroutine
+            return named_after(wrapped, run())
 
         return wrapper
 
     return make
+
+
+def named_after(wrapped: Callable[..., Any], coroutine: Coroutine[Any, Any, Any]) -> Coroutine[Any, Any, Any]:
+    """Our coroutine in place of the client's, under the client's own name, as a warning that it was never awaited
+    says it."""
+    name = getattr(wrapped, "__qualname__", None)
+    if isinstance(name, str):
+        named = cast("CoroutineType[Any, Any, Any]", coroutine)
+        named.__qualname__, named.__name__ = name, name.rpartition(".")[2]
+    return coroutine
 
 
 def selected(make: Callable[[Telemetry], Wrapper],

@@ -24,7 +24,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import FrameType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import wrapt
@@ -35,7 +35,7 @@ from botocore.response import StreamingBody
 
 from otel_llm import _content as ct
 from otel_llm import _semconv as sc
-from otel_llm._calls import Kind, async_call, current_operation, hook, sync_call
+from otel_llm._calls import Kind, async_call, current_operation, hook, named_after, sync_call
 from otel_llm._content import Message, Output, Part
 from otel_llm._operation import Request
 from otel_llm._patching import Provider, Target
@@ -46,8 +46,6 @@ from otel_llm.providers import _claude
 from otel_llm.providers._values import count, field, number, parameter, text_counter
 
 if TYPE_CHECKING:
-    from types import CoroutineType
-
     from otel_llm._calls import Wrapper
     from otel_llm._operation import Operation
     from otel_llm._settings import Settings
@@ -973,11 +971,7 @@ def _aio_api_call(telemetry: Telemetry) -> Wrapper:
         async def run() -> Any:
             return received.deliver(await call(send, instance, (), params))
 
-        coroutine = cast("CoroutineType[Any, Any, Any]", run())
-        name = getattr(wrapped, "__qualname__", None)
-        if isinstance(name, str):  # aiobotocore's own name, as a warning that it was never awaited says it
-            coroutine.__qualname__, coroutine.__name__ = name, name.rpartition(".")[2]
-        return coroutine
+        return named_after(wrapped, run())
 
     _AIO_API_CALL_WRAPPERS[telemetry] = wrapper
     return wrapper
