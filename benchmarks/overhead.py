@@ -17,14 +17,19 @@ Three views, all in this thread's CPU time (other processes on a shared 2-core m
 3. End to end as in 1, under what a user can choose that changes our cost: spans sampled out (a sampler that
    records none, as a low trace ratio does for most requests), no usage asked for on streams
    (OTEL_LLM_STREAM_USAGE=false), and both; and the least a stream can cost us: no usage asked for and no chunk gaps
-   recorded (OTEL_LLM_CHUNK_GAP_SAMPLE_RATE=0). Each run checks that its configuration took effect.
+   recorded (OTEL_LLM_CHUNK_GAP_SAMPLE_RATE=0); and no chunk gaps recorded, usage asked for as shipped. Each run
+   checks that its configuration took effect.
 4. The floor, as in 1 but without otel_llm: the client's own requests against the same requests each inside one SDK
    span (started with the five attributes that name a GenAI operation, ended once the response is read). The least
    that any instrumentation recording a span adds here, before it measures or records anything. And the least a
    conforming one adds: for a non-streamed call, that span with the response's attributes, and the duration and
    token counts recorded through the SDK's public API; for a stream, that span with the response's attributes and
    the time to the first content chunk, found as the chunks pass, and the duration and that time recorded (one that
-   asks for no usage and records no chunk gaps, as the last configuration of 3).
+   asks for no usage and records no chunk gaps, as the fourth configuration of 3). Then what asking for usage costs
+   the client itself (the request's extra field, and the usage event read and decoded, then hidden before the client
+   builds a chunk of it; nothing recorded), and the least a conforming stream instrumentation records asking for
+   usage, as otel_llm does: the same, with the token counts and time per output token recorded too (compare the
+   last configuration of 3).
 
 Telemetry goes to a real SDK pipeline: a TracerProvider with a BatchSpanProcessor (exporter dropping spans) and a
 MeterProvider with an in-memory reader. Under a BatchSpanProcessor, a finished operation waits for otel_llm's writer
@@ -42,6 +47,7 @@ import argparse
 import asyncio
 import functools
 import gc
+import json
 import os
 import statistics
 import sys
@@ -315,17 +321,22 @@ def minimal_floor(tracer: Tracer, meter: Meter, workload: Workload) -> Instrumen
     return recorded
 
 
-def stream_floor(tracer: Tracer, meter: Meter, workload: Workload) -> Instrumented:
-    """As ``minimal_floor`` for a synchronous stream: the least a conforming instrumentation records of one that asks
-    for no usage (so it knows no token counts, and no time per output token) and records no chunk gaps (which
-    DESIGN.md lets it sample per stream): the span, the time of the first content chunk, found by looking at each
-    chunk as it passes, and the span's response attributes, and the duration and time to first chunk through
-    ``Histogram.record()``. Compare with otel_llm configured the same way (section 3)."""
+def stream_floor(tracer: Tracer, meter: Meter, workload: Workload, *, usage: bool = False) -> Instrumented:
+    """As ``minimal_floor`` for a synchronous stream: the least a conforming instrumentation records of one that
+    records no chunk gaps (which DESIGN.md lets it sample per stream): the span, the time of the first content chunk,
+    found by looking at each chunk as it passes, and the span's response attributes, and the duration and time to
+    first chunk through ``Histogram.record()``. Asking for no usage, it knows no token counts and no time per output
+    token: compare with otel_llm configured the same way (section 3). With ``usage``, it asks for usage as otel_llm
+    does and hides the usage chunk from the caller the cheapest way there is (``_hiding_usage``), and records the two
+    token counts and the time per output token too: compare with otel_llm recording no chunk gaps."""
     if workload.chunks == 0 or workload.is_async:
         raise ValueError("the streamed floor is measured for synchronous streams")
     duration = meter.create_histogram("gen_ai.client.operation.duration", unit="s")
     first_chunk = meter.create_histogram("gen_ai.client.operation.time_to_first_chunk", unit="s")
+    tokens = meter.create_histogram("gen_ai.client.token.usage", unit="{token}")
+    per_token = meter.create_histogram("gen_ai.client.operation.time_per_output_chunk", unit="s")
     attributes = FLOOR_ATTRIBUTES
+    extra = {"extra_body": {"stream_options": {"include_usage": True}}} if usage else {}
 
     def recorded(run: Callable[..., Any], client: Any, bare: Callable[..., Any]) -> None:
         span = tracer.start_span("chat gpt-4o-mini", kind=SpanKind.CLIENT, attributes=attributes)
@@ -334,7 +345,9 @@ def stream_floor(tracer: Tracer, meter: Meter, workload: Workload) -> Instrument
         response_id: str | None = None
         response_model: str | None = None
         finish_reasons: list[str] = []
-        for chunk in bare(model="gpt-4o-mini", messages=MESSAGES, stream=True):
+        stream = bare(model="gpt-4o-mini", messages=MESSAGES, stream=True, **extra)
+        counts = _hiding_usage(stream) if usage else {}
+        for chunk in stream:
             choices = chunk.choices
             if not choices:
                 continue
@@ -350,9 +363,56 @@ def stream_floor(tracer: Tracer, meter: Meter, workload: Workload) -> Instrument
         recorded_attributes = {**attributes, "gen_ai.response.model": response_model, "gen_ai.request.stream": True}
         duration.record(end - start, recorded_attributes)
         first_chunk.record(first - start, recorded_attributes)
+        if usage:
+            input_tokens, output_tokens = counts["prompt_tokens"], counts["completion_tokens"]
+            span.set_attributes({"gen_ai.usage.input_tokens": input_tokens,
+                                 "gen_ai.usage.output_tokens": output_tokens})
+            tokens.record(input_tokens, {**recorded_attributes, "gen_ai.token.type": "input"})
+            tokens.record(output_tokens, {**recorded_attributes, "gen_ai.token.type": "output"})
+            per_token.record((end - first) / (output_tokens - 1), recorded_attributes)
         span.end()
 
     return recorded
+
+
+def usage_floor(tracer: Tracer, meter: Meter, workload: Workload) -> Instrumented:
+    return stream_floor(tracer, meter, workload, usage=True)
+
+
+def asked_usage(tracer: Tracer, meter: Meter, workload: Workload) -> Instrumented:
+    """The client's own request asking for usage, its usage chunk hidden as ``stream_floor`` hides it, and nothing
+    recorded: what the usage costs the client itself (the request's extra field, the usage event read off the wire
+    and decoded), which any instrumentation that asks for it pays on top of its own work."""
+
+    def asking(run: Callable[..., Any], client: Any, bare: Callable[..., Any]) -> None:
+        stream = bare(model="gpt-4o-mini", messages=MESSAGES, stream=True,
+                      extra_body={"stream_options": {"include_usage": True}})
+        counts = _hiding_usage(stream)
+        for _chunk in stream:
+            pass
+        if not counts:
+            raise RuntimeError("the usage asked for did not come")
+
+    return asking
+
+
+def _hiding_usage(stream: Any) -> dict[str, Any]:
+    """The usage event taken out of ``stream`` as its SSE decoder decodes it, before the client builds a chunk of it
+    (which costs the client about half of what a content chunk does), by a test of its text that suits this server's
+    compact JSON only: the usage it held, once the stream has been read."""
+    found: dict[str, Any] = {}
+    decoder = stream._decoder
+    decode = decoder.decode
+
+    def hiding(line: str) -> Any:
+        event = decode(line)
+        if event is not None and '"choices":[]' in event.data:
+            found.update(json.loads(event.data)["usage"])
+            return None
+        return event
+
+    decoder.decode = hiding
+    return found
 
 
 def _alternate(workload: Workload, instrumented: Instrumented, adding: Callable[[], int]) -> list[tuple[int, int]]:
@@ -646,8 +706,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n1. end to end, side by side (uninstrumented and instrumented requests alternating)")
     print(f"{'workload':<20} {'off us/req':>11} {'on us/req':>11} {'+us/req':>9} {'moves':>8} {'+us/chunk':>10}")
     stream_16, plain_call = Workload("stream 16 chunks", 16, 2000 // scale), Workload("non-streaming", 0, 4000 // scale)
+    # the fewest chunks with a chunk gap and a time per output token to record: a stream's fixed part, and two chunks
+    stream_2 = Workload("stream 2 chunks", 2, 3000 // scale)
     shipped = {}
     for workload in (
+        stream_2,
         stream_16,
         Workload("stream 256 chunks", 256, 300 // scale),
         Workload("stream 1024 chunks", 1024, 80 // scale),
@@ -670,10 +733,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         Configuration(f"{STREAM_USAGE_ENV}=false", stream_usage=False),
         Configuration("both", sampled=False, stream_usage=False),
         Configuration("no usage asked, no chunk gaps recorded", stream_usage=False, chunk_gaps=False),
+        Configuration("no chunk gaps recorded", chunk_gaps=False),
     ):
         _, _, delta, spread = side_by_side(stream_16, configuration)
         figures = [f"{delta:+.1f} ({spread:.1f})"]
-        if configuration.stream_usage:
+        if configuration.stream_usage and configuration.chunk_gaps:  # else a non-streamed call is as shipped
             _, _, delta, spread = side_by_side(plain_call, configuration)
             figures.append(f"{delta:+.1f} ({spread:.1f})")
         else:
@@ -683,13 +747,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n4. the floor, measured as in 1 without otel_llm: the client inside one SDK span (five attributes); and\n"
           "   the least a conforming instrumentation records: that span with the response's attributes, and through\n"
           "   the SDK's Histogram.record() a non-streamed call's duration and token counts, a stream's duration and\n"
-          "   time to first chunk (no usage asked, no chunk gaps: compare the last configuration of 3)")
-    print(f"{'workload':<40} {'off us/req':>11} {'on us/req':>11} {'+us/req':>9} {'moves':>8}")
+          "   time to first chunk (no usage asked, no chunk gaps: compare the fourth configuration of 3); what\n"
+          "   asking for usage costs the client itself, its usage chunk hidden; and the least that records, asking\n"
+          "   for usage, the token counts and time per output token too (no chunk gaps: the last configuration of 3)")
+    print(f"{'workload':<56} {'off us/req':>11} {'on us/req':>11} {'+us/req':>9} {'moves':>8}")
+    stream_floors = (("span, TTFT and 2 records, ", stream_floor), ("usage asked, nothing else, ", asked_usage),
+                     ("span, TTFT and 5 records, usage asked, ", usage_floor))
     for name, floor_of, workload in (("span alone, ", span_floor, stream_16), ("span alone, ", span_floor, plain_call),
                                      ("span and 3 records, ", minimal_floor, plain_call),
-                                     ("span, TTFT and 2 records, ", stream_floor, stream_16)):
+                                     *((name, floor_of, workload) for workload in (stream_2, stream_16)
+                                       for name, floor_of in stream_floors)):
         off_us, on_us, delta, spread = floor(workload, floor_of)
-        print(f"{name + workload.name:<40} {off_us:>11.1f} {on_us:>11.1f} {delta:>+9.1f} {spread:>8.1f}")
+        print(f"{name + workload.name:<56} {off_us:>11.1f} {on_us:>11.1f} {delta:>+9.1f} {spread:>8.1f}")
 
     requests = args.memory_requests or (2_000 if args.quick else 20_000)
     before, after = memory_growth(requests)
