@@ -22,12 +22,24 @@ Without providers of its own, the application gets OTLP export configured from t
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from otel_llm._instrumentor import OtelLLMInstrumentor
 from otel_llm._version import __version__
 
+if TYPE_CHECKING:
+    from otel_llm._instrumentor import OtelLLMInstrumentor
+
 __all__ = ["OtelLLMInstrumentor", "__version__", "instrument", "uninstrument"]
+
+
+def __getattr__(name: str) -> Any:
+    # imported when first asked for, so that ``import otel_llm`` and the ``otel-llm`` command start with nothing
+    # of OpenTelemetry loaded (about 0.12 s)
+    if name == "OtelLLMInstrumentor":
+        from otel_llm._instrumentor import OtelLLMInstrumentor
+
+        return OtelLLMInstrumentor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def instrument(*, tracer_provider: Any = None, meter_provider: Any = None, logger_provider: Any = None) -> None:
@@ -37,12 +49,16 @@ def instrument(*, tracer_provider: Any = None, meter_provider: Any = None, logge
     Providers not given come from the global ones; when the application set none, from the ``OTEL_*`` variables.
     ``logger_provider`` is used only when message content goes out as events.
     """
+    from otel_llm._instrumentor import OtelLLMInstrumentor
+
     OtelLLMInstrumentor().instrument(tracer_provider=tracer_provider, meter_provider=meter_provider,
                                      logger_provider=logger_provider)
 
 
 def uninstrument() -> None:
     """Remove every patch, exactly."""
+    from otel_llm._instrumentor import OtelLLMInstrumentor
+
     instrumentor = OtelLLMInstrumentor()
     if instrumentor.is_instrumented_by_opentelemetry:
         instrumentor.uninstrument()

@@ -48,6 +48,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 import otel_llm
 from otel_llm import _export, _readout
 from otel_llm import _semconv as sc
+from otel_llm._console import EXIT_INTERRUPTED, interrupted
 from otel_llm._dashboards import main_dashboards
 from otel_llm._rules import main_rules
 from otel_llm._settings import load_settings
@@ -61,7 +62,6 @@ if TYPE_CHECKING:
 
 EXIT_ENDPOINT = 1
 EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
 
 # the trade-off is visible at these levels with the simulator's default 32-slot engine
 DEMO_LEVELS = (1, 4, 16, 64)
@@ -97,7 +97,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The ``otel-llm`` console script; returns the exit status."""
     try:
         return _main(list(sys.argv[1:] if argv is None else argv))
-    except KeyboardInterrupt:  # starting up or winding down; Ctrl-C during the levels prints what they measured
+    except (KeyboardInterrupt, RuntimeError) as error:  # starting up or winding down; Ctrl-C during the levels
+        if not interrupted(error):  # prints what they measured
+            raise
         print("otel-llm: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
 

@@ -32,7 +32,7 @@ from test_buckets import histogram_quantile
 from test_export import Receiver
 
 import otel_llm
-from otel_llm import _readout
+from otel_llm import _console, _readout, cli
 from otel_llm import _semconv as sc
 from otel_llm.cli import EXIT_ENDPOINT, EXIT_INTERRUPTED, EXIT_USAGE, RATE_LIMIT_TOKENS_PER_MINUTE, main
 from otel_llm.simulator import DEFAULT_MODEL, EngineConfig, Simulator, TruthRecord
@@ -506,6 +506,59 @@ def test_ctrl_c_while_starting_up_is_one_line() -> None:
         process.kill()
     assert (process.returncode, out) == (EXIT_INTERRUPTED, "")
     assert [line for line in err.splitlines() if not line.startswith("import time:")] == ["otel-llm: interrupted"]
+
+
+def test_ctrl_c_while_the_command_line_loads_is_one_line() -> None:
+    # the first OpenTelemetry module is done while the console script is still importing the command line, before
+    # main() runs
+    process = subprocess.Popen([str(OTEL_LLM), "demo"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"})
+    try:
+        assert process.stderr is not None
+        for line in process.stderr:
+            if line.rpartition("|")[2].strip().startswith("opentelemetry"):
+                break
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=20)
+    finally:
+        process.kill()
+    assert (process.returncode, out) == (EXIT_INTERRUPTED, "")
+    assert [line for line in err.splitlines() if not line.startswith("import time:")] == ["otel-llm: interrupted"]
+
+
+def test_ctrl_c_that_python_wrapped_while_a_class_was_defined_is_ctrl_c(monkeypatch: pytest.MonkeyPatch,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    # Python 3.11 turns an exception raised by __set_name__ into a RuntimeError: Ctrl-C while the openai client
+    # loads pydantic's models comes as one
+    class NameTaker:
+        def __set_name__(self, owner: type, name: str) -> None:
+            raise KeyboardInterrupt
+
+    def interrupted_while_loading(args: list[str]) -> int:
+        type("Model", (), {"field": NameTaker()})
+        return 0
+
+    monkeypatch.setattr(cli, "_main", interrupted_while_loading)
+    assert main(["demo"]) == EXIT_INTERRUPTED
+    assert capsys.readouterr().err == "otel-llm: interrupted\n"
+    assert not _console.interrupted(RuntimeError("an error of its own"))
+    wrapped = RuntimeError("another wrapped")
+    wrapped.__cause__ = ValueError()
+    assert not _console.interrupted(wrapped)
+
+
+def test_the_command_and_the_package_load_no_opentelemetry_until_asked() -> None:
+    """``import otel_llm`` loads nothing of OpenTelemetry (so neither does the console script before main() runs,
+    where Ctrl-C is caught); the instrumentor, which the ``opentelemetry_instrumentor`` entry point names, loads
+    when asked for."""
+    probe = ("import sys, otel_llm, otel_llm._console\n"
+             "print(sorted(name for name in sys.modules if name.startswith('opentelemetry')))\n"
+             "print(otel_llm.OtelLLMInstrumentor.__module__)")
+    loaded, instrumentor = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                                          check=True).stdout.splitlines()
+    assert (loaded, instrumentor) == ("[]", "otel_llm._instrumentor")
+    with pytest.raises(AttributeError, match="no attribute 'instrumentor'"):
+        otel_llm.instrumentor  # type: ignore[attr-defined]  # noqa: B018
 
 
 def test_ctrl_c_before_anything_was_measured_says_so() -> None:
