@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from otel_llm._content import Message, Output, Part
 
 
@@ -34,6 +36,9 @@ class Request:
     system_instructions: list[Part] | None = None
     # the client making the call (a stainless one): what an error says is redacted of its credentials
     client: Any = None
+    # reads the request's JSON body as sent, for what the arguments could not tell before the call without being
+    # used up (a prompt given as an iterator): once, when a response to it arrives (_stainless.read_sent)
+    read_sent: Callable[[dict[str, Any]], None] | None = None
 
 
 class _WeaklyReferable:

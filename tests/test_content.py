@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import gzip
 import json
 import tracemalloc
 from collections import UserDict
@@ -146,6 +147,60 @@ def test_openai_chat_turns_become_role_and_parts(record: Any, mode: str) -> None
         sc.INPUT_MESSAGES: CHAT_IN,  # system messages keep their role: no system instructions apart
         sc.OUTPUT_MESSAGES: [{"role": "assistant", "parts": [text("Sunny, 18C.")], "finish_reason": "stop"}],
     }
+
+
+# a prompt whose parts come from generators, made anew for each call: the client reads them up as it sends them
+PROMPT_ITERATORS = {
+    "messages": lambda messages: (message for message in messages),
+    "content parts": lambda messages: [{**message, "content": (part for part in message["content"])}
+                                       if isinstance(message["content"], list) else message for message in messages],
+}
+# how the server answers a call: with the answer, an error, or a 429 and then the answer
+ANSWERS = {
+    "answered": lambda answer: [answer],
+    "refused": lambda _: [wire.Reply.json(wire.error_body("No."), status=400)],
+    "retried": lambda answer: [wire.Reply.rate_limited(0.0), answer],
+}
+
+
+@pytest.mark.parametrize("answer", ANSWERS)
+@pytest.mark.parametrize("given", PROMPT_ITERATORS)
+def test_openai_prompt_from_an_iterator_is_read_from_the_request_as_sent(record: Any, given: str, answer: str) -> None:
+    """Reading an iterator would use it up before the client sends it: the prompt's length and content are read
+    from the request body as the client sent it, once a response to it arrives (an error's, a retried one's), and
+    are what they are for the same prompt in lists. The request goes out as it does with lists."""
+    recorded = record("SPAN_ONLY")
+    reply = wire.Reply.json(wire.chat_completion_body("Sunny, 18C."))
+    client, recorder = sync_client(ANSWERS[answer](reply) * 2, max_retries=1)  # a call each way
+    for messages in (CHAT, PROMPT_ITERATORS[given](CHAT)):
+        with contextlib.suppress(openai.BadRequestError):
+            client.chat.completions.create(model="m", messages=messages)
+    from_lists, from_iterators = (attributes(span) for span in recorded.captured.spans())
+    assert from_iterators[sc.PROMPT_LENGTH] == from_lists[sc.PROMPT_LENGTH] == len("Be brief.Weather here?"
+                                                                                   '{"city": "Paris"}18C, sunny')
+    assert json.loads(from_iterators[sc.INPUT_MESSAGES]) == json.loads(from_lists[sc.INPUT_MESSAGES]) == CHAT_IN
+    sent = [request.json for request in recorder.requests]
+    assert sent[len(sent) // 2:] == sent[:len(sent) // 2]
+
+
+def test_a_prompt_from_an_iterator_sent_in_a_body_we_cannot_read_has_no_length(record: Any) -> None:
+    """A client that compresses what it sends: no length, rather than a guess."""
+    recorded = record("SPAN_ONLY")
+    http = wire.http_module()
+    reply = wire.Reply.json(wire.chat_completion_body("Sunny, 18C."))
+
+    class Compressing(http.Client):  # type: ignore[misc, name-defined]
+        def send(self, request: Any, **kwargs: Any) -> Any:
+            body = gzip.compress(request.read())
+            headers = {**request.headers, "content-encoding": "gzip", "content-length": str(len(body))}
+            return super().send(http.Request(request.method, request.url, headers=headers, content=body), **kwargs)
+
+    recorder = wire.Recorder(lambda _: reply)
+    client = openai.OpenAI(api_key=API_KEY, max_retries=0,
+                           http_client=Compressing(transport=http.MockTransport(wire._InProcessServer(recorder).handle)))
+    client.chat.completions.create(model="m", messages=iter(CHAT))
+    assert sc.PROMPT_LENGTH not in attributes(recorded.captured.span())
+    assert json.loads(gzip.decompress(recorder.requests[0].body))["messages"][0] == CHAT[0]
 
 
 def test_openai_chat_messages_of_any_mapping_read_as_dicts(record: Any) -> None:
@@ -314,6 +369,30 @@ def test_anthropic_turns_and_streamed_tool_call(record: Any, system: Any) -> Non
         sc.OUTPUT_MESSAGES: [{"role": "assistant", "finish_reason": "tool_use", "parts": [
             text("Let me check."), tool_call(wa.TOOL_USE_ID, wa.TOOL_NAME, WEATHER)]}],
     }
+
+
+@pytest.mark.parametrize("answer", ANSWERS)
+@pytest.mark.parametrize("given", PROMPT_ITERATORS)
+def test_anthropic_prompt_from_an_iterator_is_read_from_the_request_as_sent(record: Any, given: str,
+                                                                            answer: str) -> None:
+    """As openai's: a system prompt in blocks and messages from iterators, read from the body as sent."""
+    recorded = record("SPAN_ONLY")
+    reply = wa.json_reply(wa.message_body("Sunny.", usage=wa.Usage(input=9, output=2)))
+    refusal = wa.json_reply(wa.error_body("invalid_request_error", "No."), status=400)
+    replies = {"answered": [reply], "refused": [refusal], "retried": [wa.rate_limited(0.0), reply]}[answer]
+    http, recorder = wire.mock_client(replies * 2)
+    client = anthropic.Anthropic(api_key=API_KEY, http_client=http, max_retries=1)
+    system = [{"type": "text", "text": "Be brief."}]
+    for blocks, messages in ((system, ANTHROPIC_MESSAGES), (iter(system), PROMPT_ITERATORS[given](ANTHROPIC_MESSAGES))):
+        with contextlib.suppress(anthropic.BadRequestError):
+            client.messages.create(model=wa.MODEL, max_tokens=64, system=blocks, messages=messages)
+    from_lists, from_iterators = (attributes(span) for span in recorded.captured.spans())
+    assert from_iterators[sc.PROMPT_LENGTH] == from_lists[sc.PROMPT_LENGTH] == len(
+        'Be brief.Weather here?{"city":"Paris"}18C, sunny')
+    for key in (sc.SYSTEM_INSTRUCTIONS, sc.INPUT_MESSAGES):
+        assert json.loads(from_iterators[key]) == json.loads(from_lists[key])
+    sent = [request.json for request in recorder.requests]
+    assert sent[len(sent) // 2:] == sent[:len(sent) // 2]
 
 
 def test_anthropic_whole_message_output(record: Any) -> None:

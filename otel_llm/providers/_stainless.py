@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from otel_llm import _semconv as sc
@@ -19,6 +21,28 @@ from otel_llm._redact import bearer_secrets
 if TYPE_CHECKING:
     from otel_llm._operation import Operation
     from otel_llm._telemetry import Telemetry
+
+
+def not_given_markers(client: ModuleType) -> tuple[type, ...]:
+    """The client's markers of an argument not given, which it leaves out of the body (``NotGiven``; ``Omit``,
+    which openai 1.x has not)."""
+    return tuple(kind for kind in (getattr(client, "NotGiven", None), getattr(client, "Omit", None))
+                 if isinstance(kind, type))
+
+
+def read_sent(op: Operation, response: Any) -> None:
+    """Hands the body the client sent, as JSON, to what the adapter could not read of the arguments before the
+    call (``Request.read_sent``): once per operation, at the first response (a retried one, an error's)."""
+    reader = op.request.read_sent
+    if reader is None:
+        return
+    op.request.read_sent = None
+    try:
+        body = json.loads(response.request.content)
+    except Exception:  # a body not read into memory, or not JSON: left unread
+        return
+    if isinstance(body, dict):
+        reader(body)
 
 
 def parsed_body(response: Any) -> Any:
@@ -157,9 +181,13 @@ class ResponseHeaders:
             if op.request.server_address is None:
                 _server_of(op, response)
             self.read(op, response.headers)
+            if op.request.read_sent is not None:
+                read_sent(op, response)
 
     def _retrying(self, op: Operation, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         op.retries += 1
         response = kwargs.get("response")
         if response is not None:
             self.read(op, response.headers)
+            if op.request.read_sent is not None:
+                read_sent(op, response)

@@ -67,12 +67,18 @@ def field(value: Any, name: str) -> Any:
     return found
 
 
+class HoldsIterator(Exception):
+    """Raised by a ``text_counter`` that meets an iterator (content parts from a generator): counting it would use
+    up what the client has yet to send."""
+
+
 def text_counter(*keys: str, json_keys: tuple[str, ...] = ()) -> Callable[[object], int]:
     """How many characters of text a prompt holds: a string, the values under ``keys`` of a dict or attributes of an
     object (a message or block passed back as the client returned it), through lists. Under ``json_keys`` sits a
     JSON value the model reads as such (a tool call's input passed back): its length as the client sends it. It runs
     before every call over the whole conversation: the first key (where a message keeps its text) is read first,
-    the others not in a bare ``{"role", "content"}`` message, and no Mapping ABC is asked per message."""
+    the others not in a bare ``{"role", "content"}`` message, and no Mapping ABC is asked per message. An iterator
+    anywhere in it raises ``HoldsIterator``."""
     first = keys[0]
 
     def count(value: object) -> int:
@@ -90,6 +96,8 @@ def text_counter(*keys: str, json_keys: tuple[str, ...] = ()) -> Callable[[objec
             return total
         if value is None or isinstance(value, (int, float, bytes)):
             return 0
+        if hasattr(type(value), "__next__"):
+            raise HoldsIterator
         fields = getattr(value, "__dict__", None)  # a pydantic model's: looking up a field it lacks costs ~2 us
         if isinstance(fields, dict):
             return count(fields)
@@ -105,3 +113,11 @@ def text_counter(*keys: str, json_keys: tuple[str, ...] = ()) -> Callable[[objec
 
     others = tuple((key, count) for key in keys[1:]) + tuple((key, count_json) for key in json_keys)
     return count
+
+
+def prompt_chars(counter: Callable[[object], int], prompt: object) -> int | None:
+    """``counter(prompt)``, or None for a prompt that holds an iterator."""
+    try:
+        return counter(prompt)
+    except HoldsIterator:
+        return None

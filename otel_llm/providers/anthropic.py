@@ -47,8 +47,15 @@ from otel_llm._patching import Provider, Target
 from otel_llm._safety import report_failure
 from otel_llm._stream import CONTENT, DONE, OTHER
 from otel_llm.providers import _claude
-from otel_llm.providers._stainless import ResponseHeaders, helper_target, parsed_body, request_secrets
-from otel_llm.providers._values import count, field, parameter, streams, text_counter
+from otel_llm.providers._stainless import (
+    ResponseHeaders,
+    helper_target,
+    not_given_markers,
+    parsed_body,
+    read_sent,
+    request_secrets,
+)
+from otel_llm.providers._values import count, field, parameter, prompt_chars, streams, text_counter
 
 try:  # the SDK's table of exception classes by (status, error code), which names a stream's error events
     from anthropic._error_classes import ERROR_CLASSES as _ERROR_CLASSES
@@ -84,6 +91,37 @@ _SAMPLING = (("max_tokens", sc.REQUEST_MAX_TOKENS), ("temperature", sc.REQUEST_T
 
 # a prompt's text: a message's or tool result's content, a block's text, and an earlier tool call's input (JSON)
 _text_chars = text_counter("content", "text", json_keys=("input",))
+_NOT_SENT = not_given_markers(anthropic)
+
+
+def _prompt_chars(values: Mapping[str, Any]) -> tuple[int | None, bool]:
+    """Characters of the system prompt and messages in the arguments (or the body as sent); or None, and whether
+    that is because they are given as an iterator or another iterable, or hold an iterator: reading it would use it
+    up. Only strings, lists and tuples are read."""
+    prompt = []
+    for key in ("system", "messages"):
+        value = values.get(key)
+        if isinstance(value, (str, list, tuple)):
+            prompt.append(value)
+        elif value is not None and not isinstance(value, _NOT_SENT):
+            return None, True
+    if not prompt:
+        return None, False
+    chars = prompt_chars(_text_chars, prompt)
+    return chars, chars is None
+
+
+def _capture(request: Request, values: Mapping[str, Any]) -> None:
+    request.system_instructions = ct.safely(lambda: _claude.system_instructions(values.get("system")))
+    request.input_messages = ct.safely(lambda: _claude.messages(values.get("messages")))
+
+
+def _read_sent(request: Request, body: dict[str, Any], settings: Settings) -> None:
+    """The prompt as the client sent it, where the caller gave an iterator: its length, and its content when
+    captured."""
+    request.prompt_chars = _prompt_chars(body)[0]
+    if settings.capture_content.enabled:
+        _capture(request, body)
 
 
 def _describe(instance: Any, kwargs: Mapping[str, Any], settings: Settings, *, stream: bool) -> Request:
@@ -91,8 +129,7 @@ def _describe(instance: Any, kwargs: Mapping[str, Any], settings: Settings, *, s
     url = client.base_url
     name = getattr(client, "_gen_ai_provider_name", None)
     model = kwargs.get("model")
-    # a generator of messages would be used up by counting: only lists and tuples are read
-    prompt = [kwargs[key] for key in ("system", "messages") if isinstance(kwargs.get(key), (str, list, tuple))]
+    chars, unread = _prompt_chars(kwargs)
     attributes: dict[str, Any] = {}
     extra = kwargs.get("extra_body")
     # sampling parameters: arguments of older releases; 2.15 has none, so a caller sends them in extra_body
@@ -117,13 +154,14 @@ def _describe(instance: Any, kwargs: Mapping[str, Any], settings: Settings, *, s
         server_address=url.host or None,
         server_port=(url.port or (443 if url.scheme == "https" else 80)) if url.host else None,
         stream=stream,
-        prompt_chars=_text_chars(prompt) if prompt else None,
+        prompt_chars=chars,
         attributes=attributes,
         client=client,
     )
     if settings.capture_content.enabled:
-        request.system_instructions = ct.safely(lambda: _claude.system_instructions(kwargs.get("system")))
-        request.input_messages = ct.safely(lambda: _claude.messages(kwargs.get("messages")))
+        _capture(request, kwargs)
+    if unread:
+        request.read_sent = lambda body: _read_sent(request, body, settings)
     return request
 
 
@@ -230,6 +268,7 @@ class _Messages:
             op.error_type = _stream_error_type(error)
         else:
             _HEADERS.read(op, error.response.headers)
+            read_sent(op, error.response)
 
     def observe(self, op: Operation, chunk: Any) -> int:
         event = chunk.type

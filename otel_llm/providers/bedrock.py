@@ -43,7 +43,7 @@ from otel_llm._redact import bearer_secrets
 from otel_llm._safety import report_failure
 from otel_llm._stream import CONTENT, DONE, OTHER, Transparent
 from otel_llm.providers import _claude
-from otel_llm.providers._values import count, field, number, parameter, text_counter
+from otel_llm.providers._values import count, field, number, parameter, prompt_chars, text_counter
 
 if TYPE_CHECKING:
     from otel_llm._calls import Wrapper
@@ -683,7 +683,7 @@ class _Endpoint:
             server_address=host,
             server_port=port,
             stream=self.stream,
-            prompt_chars=_text_chars(prompt) if prompt else None,
+            prompt_chars=prompt_chars(_text_chars, prompt) if prompt else None,
             attributes={**_request_parameters(body), **_sdk_call(instance, self.method)},
         )
         guardrail = self.guardrail(kwargs)

@@ -29,8 +29,16 @@ from otel_llm._operation import Request
 from otel_llm._patching import Provider, Target
 from otel_llm._safety import report_failure
 from otel_llm._stream import CONTENT, DONE, HIDDEN, OTHER, closed_by_helper
-from otel_llm.providers._stainless import ResponseHeaders, helper_target, parsed_body, raw_stream_of, request_secrets
-from otel_llm.providers._values import count, field, parameter, streams, text_counter
+from otel_llm.providers._stainless import (
+    ResponseHeaders,
+    helper_target,
+    not_given_markers,
+    parsed_body,
+    raw_stream_of,
+    read_sent,
+    request_secrets,
+)
+from otel_llm.providers._values import HoldsIterator, count, field, parameter, streams, text_counter
 
 if TYPE_CHECKING:
     from otel_llm._operation import Operation
@@ -546,9 +554,7 @@ class _UsageLift:
         return None
 
 
-# the client's markers of an argument not given: what it leaves out of the body (openai 1.x has no Omit)
-_NOT_SENT = tuple(kind for kind in (getattr(openai, "NotGiven", None), getattr(openai, "Omit", None))
-                  if isinstance(kind, type))
+_NOT_SENT = not_given_markers(openai)
 
 # arguments of a client method that are not fields of the request's body, and ours in it
 _NOT_BODY = frozenset(("extra_headers", "extra_query", "extra_body", "timeout", "stream_options"))
@@ -597,11 +603,7 @@ class _Endpoint:
     def describe(self, instance: Any, kwargs: dict[str, Any], settings: Settings) -> Request:
         provider, host, port = _provider_and_server(instance)
         model = kwargs.get("model")
-        prompt_chars: int | None = None
-        for key in self.prompt_keys:
-            prompt = kwargs.get(key)
-            if isinstance(prompt, (str, list, tuple)):
-                prompt_chars = (prompt_chars or 0) + self.count_prompt(prompt)
+        prompt_chars, unread = self._prompt_chars(kwargs)
         request = Request(
             operation=self.operation,
             provider=provider,
@@ -622,7 +624,32 @@ class _Endpoint:
             request.attributes[sc.OPENAI_REQUEST_SERVICE_TIER] = tier
         if settings.capture_content.enabled:
             request.input_messages = ct.safely(lambda: self.input_messages(kwargs))
+        if unread:
+            request.read_sent = lambda body: self._read_sent(request, body, settings)
         return request
+
+    def _prompt_chars(self, values: Mapping[str, Any]) -> tuple[int | None, bool]:
+        """Characters of the prompt in the arguments (or the body as sent); or None, and whether that is because
+        the prompt is given as an iterator or another iterable, or holds an iterator: reading it would use it up.
+        Only strings, lists and tuples are read."""
+        chars: int | None = None
+        for key in self.prompt_keys:
+            prompt = values.get(key)
+            if isinstance(prompt, (str, list, tuple)):
+                try:
+                    chars = (chars or 0) + self.count_prompt(prompt)
+                except HoldsIterator:
+                    return None, True
+            elif prompt is not None and not isinstance(prompt, _NOT_SENT):
+                return None, True
+        return chars, False
+
+    def _read_sent(self, request: Request, body: dict[str, Any], settings: Settings) -> None:
+        """The prompt as the client sent it, where the caller gave an iterator: its length, and its content when
+        captured."""
+        request.prompt_chars = self._prompt_chars(body)[0]
+        if settings.capture_content.enabled:
+            request.input_messages = ct.safely(lambda: self.input_messages(body))
 
     def input_messages(self, kwargs: dict[str, Any]) -> list[Message]:
         raise NotImplementedError
@@ -709,6 +736,7 @@ class _Endpoint:
         # a refused request's headers; a stream's were read when its response arrived
         if isinstance(error, openai.APIStatusError) and error.response.status_code >= 400:
             _HEADERS.read(op, error.response.headers)
+            read_sent(op, error.response)
 
     def observe(self, op: Operation, chunk: Any) -> int:
         raise NotImplementedError
