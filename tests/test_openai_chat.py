@@ -723,9 +723,11 @@ def test_iterators_the_caller_passes_reach_the_server_whatever_it_refuses(
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
-def test_prompt_length_of_messages_from_a_generator_is_the_sent_bodys(otel: Captured, stream: bool) -> None:
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_prompt_length_of_messages_from_a_generator_is_the_sent_bodys(otel: Captured, is_async: bool,
+                                                                       stream: bool) -> None:
     """Content capture off: the length alone, read from the request as sent (tests/test_content.py has the rest)."""
-    chat(False, openai_server(tokens=TOKENS, usage=USAGE), model="gpt-4o-mini", stream=stream,
+    chat(is_async, openai_server(tokens=TOKENS, usage=USAGE), model="gpt-4o-mini", stream=stream,
          messages=(message for message in MESSAGES))
     assert attributes(otel.span())[sc.PROMPT_LENGTH] == PROMPT_CHARS
     assert otel.point(sc.STABLE_NAMES.prompt_length.name).sum == PROMPT_CHARS
