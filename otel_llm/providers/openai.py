@@ -38,7 +38,7 @@ from otel_llm.providers._stainless import (
     read_sent,
     request_secrets,
 )
-from otel_llm.providers._values import HoldsIterator, count, field, parameter, streams, text_counter
+from otel_llm.providers._values import count, field, parameter, prompt_chars, streams, text_counter
 
 if TYPE_CHECKING:
     from otel_llm._operation import Operation
@@ -603,7 +603,7 @@ class _Endpoint:
     def describe(self, instance: Any, kwargs: dict[str, Any], settings: Settings) -> Request:
         provider, host, port = _provider_and_server(instance)
         model = kwargs.get("model")
-        prompt_chars, unread = self._prompt_chars(kwargs)
+        chars, unread = self._prompt_chars(kwargs)
         request = Request(
             operation=self.operation,
             provider=provider,
@@ -611,7 +611,7 @@ class _Endpoint:
             server_address=host,
             server_port=port,
             stream=streams(kwargs),
-            prompt_chars=prompt_chars,
+            prompt_chars=chars,
             attributes=_request_parameters(kwargs),
             client=getattr(instance, "_client", None),
         )
@@ -636,10 +636,10 @@ class _Endpoint:
         for key in self.prompt_keys:
             prompt = values.get(key)
             if isinstance(prompt, (str, list, tuple)):
-                try:
-                    chars = (chars or 0) + self.count_prompt(prompt)
-                except HoldsIterator:
+                counted = prompt_chars(self.count_prompt, prompt)
+                if counted is None:
                     return None, True
+                chars = (chars or 0) + counted
             elif prompt is not None and not isinstance(prompt, _NOT_SENT):
                 return None, True
         return chars, False
