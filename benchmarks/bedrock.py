@@ -1,7 +1,7 @@
 """Overhead of otel_llm on Bedrock calls, boto3's and aiobotocore's, against the same clients uninstrumented.
 
-    .venv-aiobotocore/bin/python benchmarks/bedrock.py           # about a minute (the venv scripts/test makes)
-    .venv-aiobotocore/bin/python benchmarks/bedrock.py --quick   # a smoke run (tests/test_aiobotocore.py runs it)
+    .venv-3.13/bin/python benchmarks/bedrock.py           # about a minute (a venv scripts/test makes with aiobotocore)
+    .venv-3.13/bin/python benchmarks/bedrock.py --quick   # a smoke run (tests/test_aiobotocore.py runs it)
 
 Real boto3 and aiobotocore clients sign, send and parse over a real loopback socket (tests/wire.py's server,
 Bedrock's JSON and event-stream framing, no sleeps). As benchmarks/overhead.py does for openai, instrumentation

@@ -36,7 +36,7 @@ _telemetry.LATER_WAIT_S = None
 # the operation (see otel_llm._spans); a test reads them after what waits is written. Otherwise a SimpleSpanProcessor
 # exports each as it ends.
 BATCHED_SPANS = os.environ.get("OTEL_LLM_TEST_SPANS") == "batch"
-# aiobotocore pins botocore below boto3's latest: its tests run in a venv of their own, .venv-aiobotocore (scripts/test)
+# aiobotocore pins botocore below boto3's latest: its tests run in venvs of their own (scripts/test)
 collect_ignore = [] if importlib.util.find_spec("aiobotocore") else ["test_aiobotocore.py"]
 
 API_KEY = "sk-test-secret-key-123"

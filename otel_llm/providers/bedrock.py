@@ -613,54 +613,82 @@ class _Unreadable(io.RawIOBase):
 
 
 class _AsyncReplay:
-    """_Replay for aiobotocore's bodies: the response they read (``raw_stream``) once we have read its body within
-    the call, in the shape of either of its backends' (aiohttp's ``content`` stream, httpx's ``aiter_raw()``). After
-    a close, a read fails as aiohttp's closed response fails it; httpx's reads nothing more."""
+    """_Replay for aiobotocore's bodies: the response they read, once we have read its body within the call, in the
+    shape of either of its backends' (aiohttp's, whose ``content`` stream is read; httpx's ``aiter_raw()`` and
+    ``aread()``). After a close, a read fails as aiohttp's closed response fails it; httpx's reads nothing more.
+    aiobotocore 2.x's bodies are proxies of that response: what else a caller asks of one (its status, its headers,
+    entering it) is the real response's."""
 
     def __init__(self, raw: object) -> None:
-        self._data = memoryview(b"")
-        self._offset = 0
-        self._closed = False
+        self._raw = raw
         self.url = getattr(raw, "url", None)
         aiohttp = sys.modules.get("aiohttp")
-        self._closed_error: type[Exception] | None = aiohttp.ClientConnectionError \
+        closed_error = aiohttp.ClientConnectionError \
             if aiohttp is not None and isinstance(raw, aiohttp.ClientResponse) else None
-        self.content = self
+        self.content = _ReplayedContent(closed_error)
 
     def hold(self, data: bytes) -> None:
-        self._data = memoryview(data)
-
-    async def read(self, size: int = -1) -> bytes:
-        if self._closed:
-            if self._closed_error is not None:
-                raise self._closed_error("Connection closed")
-            return b""
-        end = len(self._data) if size < 0 else self._offset + size
-        chunk = bytes(self._data[self._offset:end])
-        self._offset += len(chunk)
-        return chunk
-
-    def at_eof(self) -> bool:
-        return self._closed or self._offset >= len(self._data)
+        self.content.data = memoryview(data)
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
-        rest = await self.read()
+        rest = await self.content.read()
         if rest:
             yield rest
 
+    async def aread(self) -> bytes:
+        return bytes(self.content.data)
+
     def close(self) -> None:
-        self._closed = True
+        self.content.closed = True
 
     async def aclose(self) -> None:
         self.close()
 
+    async def __aenter__(self) -> object:
+        return await self._raw.__aenter__()  # type: ignore[attr-defined]
+
+    async def __aexit__(self, *exc_info: object) -> object:
+        self.close()
+        return await self._raw.__aexit__(*exc_info)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+
+class _ReplayedContent:
+    """aiohttp's ``content`` stream of an _AsyncReplay."""
+
+    def __init__(self, closed_error: type[Exception] | None) -> None:
+        self.data = memoryview(b"")
+        self.offset = 0
+        self.closed = False
+        self._closed_error = closed_error
+
+    async def read(self, size: int = -1) -> bytes:
+        if self.closed:
+            if self._closed_error is not None:
+                raise self._closed_error("Connection closed")
+            return b""
+        end = len(self.data) if size < 0 else self.offset + size
+        chunk = bytes(self.data[self.offset:end])
+        self.offset += len(chunk)
+        return chunk
+
+    def at_eof(self) -> bool:
+        return self.closed or self.offset >= len(self.data)
+
 
 def _aio_bodies() -> tuple[type, ...]:
-    """aiobotocore's response bodies of its two backends (aiohttp, httpx), whose ``raw_stream`` _AsyncReplay stands
-    in for; any other body is left unread."""
+    """aiobotocore's response bodies of its two backends (aiohttp, httpx), whose response _AsyncReplay stands in
+    for (these names are 3.x's aliases of its own); any other body is left unread."""
     module = sys.modules.get("aiobotocore.response")
-    kinds = (getattr(module, name, None) for name in ("AioStreamingBody", "AioHttpxStreamingBody"))
+    kinds = (getattr(module, name, None) for name in ("StreamingBody", "HttpxStreamingBody"))
     return tuple(kind for kind in kinds if isinstance(kind, type))
+
+
+def _aio_response(body: Any) -> Any:
+    """The response an aiobotocore body reads: 3.x's holds it, 2.x's is a proxy of it."""
+    return body.__wrapped__ if isinstance(body, wrapt.ObjectProxy) else body.raw_stream
 
 
 class _Endpoint:
@@ -834,7 +862,7 @@ class _InvokeModel(_Invoke):
         if type(body) not in _aio_bodies():
             return response, None, None
         try:  # made before the read: a body of a release whose class we cannot make so is left unread
-            raw = _AsyncReplay(body.raw_stream)
+            raw = _AsyncReplay(_aio_response(body))
             replay = type(body)(raw, None)  # its length was checked as the body we read was
         except Exception:
             report_failure("aiobotocore body")
