@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import gc
 import json
 import logging
@@ -233,6 +234,20 @@ async def test_invoke_models_body_keeps_aiobotocores_behaviour(instrument: Instr
         assert await use(client) == without
     assert without[0] is {"aiohttp": StreamingBody, "httpx": HttpxStreamingBody}[backend]
     assert attributes(captured.span())[sc.USAGE_OUTPUT_TOKENS] == 3
+
+
+async def test_the_response_a_replayed_body_reads_passes_on_what_it_does_not_replay(instrument: Instrument) -> None:
+    """Our stand-in for the HTTP response: its status and headers are the real response's, and a copy of it (which
+    looks attributes up before it has any) is made as a plain object's is."""
+    instrument()
+    reply = wb.invoke_reply(CLAUDE.body(TOKENS, USAGE))
+    async with bedrock([reply]) as (client, _):
+        body = (await client.invoke_model(modelId=MODEL, body=json.dumps(CLAUDE.request("Hi"))))["body"]
+        stand_in = response_of(body)
+        assert type(stand_in) is bedrock_adapter._AsyncReplay
+        assert (stand_in.status, stand_in.headers["content-type"]) == (200, "application/json")
+        assert copy.copy(stand_in).url == stand_in.url
+        assert await body.read() == reply.body
 
 
 async def test_a_body_cut_off_in_transfer_fails_at_read_as_without_us(instrument: Instrument) -> None:

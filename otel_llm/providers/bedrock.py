@@ -652,7 +652,10 @@ class _AsyncReplay:
         return await self._raw.__aexit__(*exc_info)  # type: ignore[attr-defined]
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._raw, name)
+        raw = self.__dict__.get("_raw")  # not there in a copy being made: no lookup of it through here again
+        if raw is None:
+            raise AttributeError(name)
+        return getattr(raw, name)
 
 
 class _ReplayedContent:
