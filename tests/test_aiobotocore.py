@@ -211,7 +211,7 @@ async def test_invoke_model_reads_the_body_within_the_call(otel: Captured, backe
 @pytest.mark.parametrize("backend", list(BACKENDS))
 async def test_invoke_models_body_keeps_aiobotocores_behaviour(instrument: Instrument, backend: str) -> None:
     """We read the body within the call and hand over one of aiobotocore's own class that replays it: it reads in
-    pieces, iterates, closes and is a context manager as the one we read."""
+    pieces, iterates, closes, is a context manager and keeps the header's length as the one we read."""
     async def use(client: Any) -> list[Any]:
         body = (await client.invoke_model(modelId=MODEL, body=json.dumps(CLAUDE.request("Hi"))))["body"]
 
@@ -219,7 +219,8 @@ async def test_invoke_models_body_keeps_aiobotocores_behaviour(instrument: Instr
             return [chunk async for chunk in body.iter_chunks(64)]
 
         # readable() fails in 2.x, which asks the response for a method only its content has: with us too
-        seen: list[Any] = [type(body), await outcome(body.readable), await body.read(5), body.tell(),
+        length = getattr(body, "_self_content_length", None) or getattr(body, "_content_length", None)
+        seen: list[Any] = [type(body), length, await outcome(body.readable), await body.read(5), body.tell(),
                            await chunks(), await body.read(), body.tell()]
         async with body as entered:  # closes it: a read after that fails as the backend's does
             seen.append(type(entered))
@@ -236,17 +237,69 @@ async def test_invoke_models_body_keeps_aiobotocores_behaviour(instrument: Instr
     assert attributes(captured.span())[sc.USAGE_OUTPUT_TOKENS] == 3
 
 
-async def test_the_response_a_replayed_body_reads_passes_on_what_it_does_not_replay(instrument: Instrument) -> None:
-    """Our stand-in for the HTTP response: its status and headers are the real response's, and a copy of it (which
-    looks attributes up before it has any) is made as a plain object's is."""
-    instrument()
+RESPONSE_READS: dict[str, Any] = {
+    "read()": lambda response: response.read(),
+    "text()": lambda response: response.text(),
+    "json()": lambda response: response.json(),
+    "content.read()": lambda response: response.content.read(),
+    "content.read(7), content.readany()": lambda response: _in_turn(response.content.read, 7,
+                                                                     response.content.readany),
+    "content.iter_chunked(64)": lambda response: _gathered(response.content.iter_chunked(64)),
+    "content.at_eof()": lambda response: response.content.at_eof(),
+}
+
+
+async def _gathered(chunks: AsyncIterator[bytes]) -> list[bytes]:
+    return [chunk async for chunk in chunks]
+
+
+async def _in_turn(read: Any, size: int, read_any: Any) -> tuple[bytes, bytes]:
+    return await read(size), await read_any()
+
+
+@pytest.mark.parametrize("inside", [False, True], ids=["the body", "async with the body"])
+@pytest.mark.parametrize("read", list(RESPONSE_READS))
+async def test_the_aiohttp_response_a_body_reads_gives_its_bytes_as_without_us(
+        instrument: Instrument, read: str, inside: bool) -> None:
+    """Over aiohttp, what a caller reads of the response behind the body (2.x's body is a proxy of it, and ``async
+    with`` 2.x's body gives it; 3.x's holds it): the same bytes, text and JSON as without us, inside ``async with``
+    and after it (where aiohttp's released response fails a read), though we read them within the call."""
+    async def use(client: Any) -> list[Any]:
+        body = (await client.invoke_model(modelId=MODEL, body=json.dumps(CLAUDE.request("Hi"))))["body"]
+        if not inside:
+            return [await outcome(lambda: RESPONSE_READS[read](response_of(body)))]
+        async with body as entered:
+            response = entered if entered is not body else response_of(body)  # 2.x gives the response, 3.x itself
+            seen = [type(response), await outcome(lambda: RESPONSE_READS[read](response))]
+        seen.append(await outcome(lambda: RESPONSE_READS[read](response)))
+        return seen
+
     reply = wb.invoke_reply(CLAUDE.body(TOKENS, USAGE))
     async with bedrock([reply]) as (client, _):
+        without = await use(client)
+    captured = instrument()
+    async with bedrock([reply]) as (client, _):
+        assert await use(client) == without
+    assert attributes(captured.span())[sc.RESPONSE_ID] == wb.CLAUDE_ID
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+async def test_the_response_a_replayed_body_reads_is_the_callers_own_over_aiohttp(
+        instrument: Instrument, backend: str) -> None:
+    """Over aiohttp the body we hand over reads the real response, its content refilled. Over httpx it reads our
+    stand-in, whose status and headers are the real response's, and a copy of which (looking attributes up before it
+    has any) is made as a plain object's is."""
+    instrument()
+    reply = wb.invoke_reply(CLAUDE.body(TOKENS, USAGE))
+    async with bedrock([reply], backend=backend) as (client, _):
         body = (await client.invoke_model(modelId=MODEL, body=json.dumps(CLAUDE.request("Hi"))))["body"]
-        stand_in = response_of(body)
-        assert type(stand_in) is bedrock_adapter._AsyncReplay
-        assert (stand_in.status, stand_in.headers["content-type"]) == (200, "application/json")
-        assert copy.copy(stand_in).url == stand_in.url
+        response = response_of(body)
+        if backend == "aiohttp":
+            assert type(response).__name__ == "ClientResponse" and response.status == 200
+        else:
+            assert type(response) is bedrock_adapter._AsyncReplay and response.status_code == 200
+            assert copy.copy(response).url == response.url
+        assert response.headers["content-type"] == "application/json"
         assert await body.read() == reply.body
 
 
@@ -271,15 +324,15 @@ async def test_a_body_cut_off_in_transfer_fails_at_read_as_without_us(instrument
 
 async def test_a_body_we_cannot_replay_is_the_callers_unread(
         otel: Captured, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    """Should a release's body class not take our stand-in for its response, we find out before reading: the body
+    """Should a release's body class or response not take our replay, we find out before reading: the body
     stays aiobotocore's own, unread, and the span has the token counts of Bedrock's headers."""
     monkeypatch.setattr(_safety, "strict", False)
     monkeypatch.setattr(_safety, "_reported", set())
 
-    def refused(raw: object) -> None:
-        raise TypeError("a constructor of a release we have not seen")
+    def refused(response: object) -> None:
+        raise TypeError("a response of a release we have not seen")
 
-    monkeypatch.setattr(bedrock_adapter, "_AsyncReplay", refused)
+    monkeypatch.setattr(bedrock_adapter, "_replaying", refused)
     reply = wb.invoke_reply(CLAUDE.body(TOKENS, USAGE), wb.invocation_headers(USAGE, latency_ms=70))
     async with bedrock([reply]) as (client, _):
         with caplog.at_level(logging.WARNING, logger="otel_llm"):

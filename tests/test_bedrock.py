@@ -1066,11 +1066,12 @@ def test_the_caller_gets_what_boto3_gives_without_us(instrument: Instrument) -> 
 
 def test_invoke_models_body_keeps_botocores_behaviour(instrument: Instrument) -> None:
     """We read the body within the call and hand over one that replays it: it reads, closes and takes a socket
-    timeout as botocore's own does."""
+    timeout as botocore's own does, and keeps the length the header gave (botocore's text of it)."""
     def use(client: Any) -> list[Any]:
         body = client.invoke_model(modelId=MODEL, body=json.dumps(CLAUDE.request("Hi")))["body"]
         body.set_socket_timeout(5)
-        return [body.readable(), body.read(5), body.read(), body.close(), body.read(), body.readable()]
+        return [body._content_length, body.readable(), body.read(5), body.read(), body.close(), body.read(),
+                body.readable()]
 
     reply = wb.invoke_reply(CLAUDE.body(TOKENS, USAGE))
     with bedrock([reply]) as (client, _):

@@ -13,6 +13,7 @@ Titan and Nova, Cohere (generate and chat), Mistral (completions and chat). Bedr
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import functools
 import inspect
@@ -613,43 +614,32 @@ class _Unreadable(io.RawIOBase):
 
 
 class _AsyncReplay:
-    """_Replay for aiobotocore's bodies: the response they read, once we have read its body within the call, in the
-    shape of either of its backends' (aiohttp's, whose ``content`` stream is read; httpx's ``aiter_raw()`` and
-    ``aread()``). After a close, a read fails as aiohttp's closed response fails it; httpx's reads nothing more.
-    aiobotocore 2.x's bodies are proxies of that response: what else a caller asks of one (its status, its headers,
-    entering it) is the real response's."""
+    """_Replay for the httpx response of aiobotocore's httpx backend, once we have read its body within the call:
+    ``aread()`` gives the bytes, ``aiter_raw()`` what it has not given yet, and nothing after a close, as httpx's
+    closed response gives. What else a caller asks of it (its status, its headers) is the real response's."""
 
     def __init__(self, raw: object) -> None:
         self._raw = raw
         self.url = getattr(raw, "url", None)
-        aiohttp = sys.modules.get("aiohttp")
-        closed_error = aiohttp.ClientConnectionError \
-            if aiohttp is not None and isinstance(raw, aiohttp.ClientResponse) else None
-        self.content = _ReplayedContent(closed_error)
+        self._data = self._left = b""
+        self._closed = False
 
     def hold(self, data: bytes) -> None:
-        self.content.data = memoryview(data)
+        self._data = self._left = data
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
-        rest = await self.content.read()
-        if rest:
+        rest, self._left = self._left, b""
+        if rest and not self._closed:
             yield rest
 
     async def aread(self) -> bytes:
-        return bytes(self.content.data)
+        return self._data
 
     def close(self) -> None:
-        self.content.closed = True
+        self._closed = True
 
     async def aclose(self) -> None:
         self.close()
-
-    async def __aenter__(self) -> object:
-        return await self._raw.__aenter__()  # type: ignore[attr-defined]
-
-    async def __aexit__(self, *exc_info: object) -> object:
-        self.close()
-        return await self._raw.__aexit__(*exc_info)  # type: ignore[attr-defined]
 
     def __getattr__(self, name: str) -> Any:
         raw = self.__dict__.get("_raw")  # not there in a copy being made: no lookup of it through here again
@@ -658,27 +648,26 @@ class _AsyncReplay:
         return getattr(raw, name)
 
 
-class _ReplayedContent:
-    """aiohttp's ``content`` stream of an _AsyncReplay."""
+def _replaying(response: Any) -> tuple[Any, Callable[[bytes], None]]:
+    """What the body we hand over reads, and what gives it the bytes we read of ``response``.
 
-    def __init__(self, closed_error: type[Exception] | None) -> None:
-        self.data = memoryview(b"")
-        self.offset = 0
-        self.closed = False
-        self._closed_error = closed_error
+    aiohttp's response is the caller's own: a content stream of aiohttp's holding those bytes takes the place of the
+    one we read, so that what a caller does with the response (``read()``, ``text()``, ``json()``, its content's
+    reads, ``async with``, a read after its release failing) is aiohttp's own doing. httpx's gets a stand-in."""
+    aiohttp, protocols = sys.modules.get("aiohttp"), sys.modules.get("aiohttp.base_protocol")
+    if aiohttp is None or protocols is None or not isinstance(response, aiohttp.ClientResponse):
+        stand_in = _AsyncReplay(response)
+        return stand_in, stand_in.hold
+    loop = asyncio.get_running_loop()
+    # a protocol of no connection: the stream holds all the bytes at once, and pausing it reads nothing
+    content = aiohttp.StreamReader(protocols.BaseProtocol(loop), 2**16, loop=loop)
 
-    async def read(self, size: int = -1) -> bytes:
-        if self.closed:
-            if self._closed_error is not None:
-                raise self._closed_error("Connection closed")
-            return b""
-        end = len(self.data) if size < 0 else self.offset + size
-        chunk = bytes(self.data[self.offset:end])
-        self.offset += len(chunk)
-        return chunk
+    def hold(data: bytes) -> None:
+        content.feed_data(data)
+        content.feed_eof()
+        response.content = content
 
-    def at_eof(self) -> bool:
-        return self.closed or self.offset >= len(self.data)
+    return response, hold
 
 
 def _aio_bodies() -> tuple[type, ...]:
@@ -687,6 +676,12 @@ def _aio_bodies() -> tuple[type, ...]:
     module = sys.modules.get("aiobotocore.response")
     kinds = (getattr(module, name, None) for name in ("StreamingBody", "HttpxStreamingBody"))
     return tuple(kind for kind in kinds if isinstance(kind, type))
+
+
+def _content_length(body: Any) -> Any:
+    """The length a body checks what it reads against, as the response's header gave it (None without one): the body
+    we hand over checks as the one we read did. 2.x's body, a proxy, keeps it under the proxy's prefix."""
+    return getattr(body, "_self_content_length" if isinstance(body, wrapt.ObjectProxy) else "_content_length", None)
 
 
 def _aio_response(body: Any) -> Any:
@@ -855,7 +850,7 @@ class _InvokeModel(_Invoke):
         except Exception as error:  # ResponseStreamingError, ReadTimeoutError, IncompleteReadError: the caller's
             response["body"] = StreamingBody(_Unreadable(error), None)
             return response, None, error
-        response["body"] = StreamingBody(_Replay(data), len(data))
+        response["body"] = StreamingBody(_Replay(data), _content_length(body))
         return response, data, None
 
     async def receive_async(self, response: dict[str, Any]) -> Any:
@@ -865,8 +860,8 @@ class _InvokeModel(_Invoke):
         if type(body) not in _aio_bodies():
             return response, None, None
         try:  # made before the read: a body of a release whose class we cannot make so is left unread
-            raw = _AsyncReplay(_aio_response(body))
-            replay = type(body)(raw, None)  # its length was checked as the body we read was
+            raw, hold = _replaying(_aio_response(body))
+            replay = type(body)(raw, _content_length(body))
         except Exception:
             report_failure("aiobotocore body")
             return response, None, None
@@ -874,7 +869,7 @@ class _InvokeModel(_Invoke):
             data = await body.read()
         except Exception as error:  # aiohttp's ClientPayloadError, AioReadTimeoutError, ...: the caller's
             return response, None, error
-        raw.hold(data)
+        hold(data)
         response["body"] = replay
         return response, data, None
 
