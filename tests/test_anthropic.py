@@ -796,6 +796,28 @@ def test_messages_parse_is_an_operation(otel: Captured) -> None:
     assert attributes(otel.span())[sc.USAGE_OUTPUT_TOKENS] == 3
 
 
+@pytest.mark.parametrize("answer, stop_reason", [('{"town": "Paris"}', "end_turn"), ('{"city": "Par', "max_tokens")],
+                         ids=["not in the format", "cut short"])
+@pytest.mark.parametrize("beta", [False, True], ids=["messages", "beta"])
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_a_structured_answer_the_parser_refuses_fails_the_call_and_keeps_its_usage(
+        otel: Captured, answer: str, stop_reason: str, beta: bool, is_async: bool) -> None:
+    """parse() raises pydantic's ValidationError on an answer not in the format asked for, or cut short, and that
+    error carries no message. The tokens were billed all the same: the message is read as the parser is handed it."""
+    reply = wa.json_reply(wa.message_body(answer, usage=USAGE, stop_reason=stop_reason))
+    with pytest.raises(pydantic.ValidationError):
+        if is_async:
+            aclient, _ = async_client([reply])
+            asyncio.run((aclient.beta.messages if beta else aclient.messages).parse(**REQUEST, output_format=Answer))
+        else:
+            client, _ = sync_client([reply])
+            (client.beta.messages if beta else client.messages).parse(**REQUEST, output_format=Answer)
+    otel.assert_finished("ValidationError")
+    attrs = attributes(otel.span())
+    assert attrs[sc.RESPONSE_ID] == wa.MESSAGE_ID and attrs[sc.RESPONSE_FINISH_REASONS] == (stop_reason,)
+    assert (attrs[sc.USAGE_INPUT_TOKENS], attrs[sc.USAGE_OUTPUT_TOKENS]) == (INPUT_TOKENS, USAGE.output)
+
+
 # --- beta.messages: the same operations, Beta-named shapes ---------------------------------------------------------
 
 

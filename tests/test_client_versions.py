@@ -122,8 +122,10 @@ def _phases(reports: Reports, client: Client, scenario: Scenario) -> dict[str, d
 # --- per client -------------------------------------------------------------------------------------------------
 
 
-# targets in the places a client release has them: the Responses parser, in openai.lib since 3.x
-MOVED = ({"openai.lib._response_resources:parse_response", "openai.resources.responses.responses:parse_response"},)
+# targets in the places a client release has them: the Responses and chat parsers, in openai.lib since 3.x
+MOVED = ({"openai.lib._response_resources:parse_response", "openai.resources.responses.responses:parse_response"},
+         {"openai.lib._chat_completion_resources:_parse_chat_completion",
+          "openai.resources.chat.completions.completions:_parse_chat_completion"})
 # targets in resources a client gained in a later release: client.beta.responses (openai 3.x), responses.compact,
 # client.decisions
 GAINED = ("openai.resources.beta.responses.responses:", "openai.resources.responses.responses:Responses.compact",

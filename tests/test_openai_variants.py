@@ -114,6 +114,29 @@ def test_a_structured_answer_cut_at_the_length_limit_fails_the_call_and_keeps_it
 
 
 @pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_a_structured_answer_that_does_not_fit_its_format_fails_the_call_and_keeps_its_usage(
+        otel: Captured, is_async: bool) -> None:
+    """A whole answer that is not the format asked for (a compatible server that does not hold to the schema):
+    chat.completions.parse() raises pydantic's ValidationError, which carries no completion. The tokens were billed
+    all the same: the completion is read as the parser is handed it."""
+    reply = wire.Reply.json(wire.chat_completion_body('{"town": "Paris"}', usage=USAGE))
+    kwargs = {"model": "m", "messages": MESSAGES, "response_format": Answer}
+    with pytest.raises(pydantic.ValidationError):
+        if is_async:
+            aclient, _ = async_client([reply])
+            asyncio.run(aclient.chat.completions.parse(**kwargs))  # type: ignore[arg-type]
+        else:
+            client, _ = sync_client([reply])
+            client.chat.completions.parse(**kwargs)  # type: ignore[arg-type]
+    otel.assert_finished("ValidationError")
+    attrs = attributes(otel.span())
+    assert attrs[sc.RESPONSE_ID] == "chatcmpl-abc" and attrs[sc.RESPONSE_FINISH_REASONS] == ("stop",)
+    assert (attrs[sc.USAGE_INPUT_TOKENS], attrs[sc.USAGE_OUTPUT_TOKENS]) == (9, 3)
+    usage = otel.point(sc.STABLE_NAMES.token_usage.name, gen_ai__token__type="output")  # type: ignore[union-attr]
+    assert (usage.count, usage.sum) == (1, 3)
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
 def test_a_responses_structured_answer_cut_short_fails_the_call_and_keeps_its_usage(otel: Captured,
                                                                                      is_async: bool) -> None:
     """responses.parse() refuses an answer cut at max_output_tokens with pydantic's ValidationError, which carries no

@@ -40,7 +40,7 @@ from anthropic._response import APIResponse, AsyncAPIResponse
 
 from otel_llm import _content as ct
 from otel_llm import _semconv as sc
-from otel_llm._calls import Kind, Wrapper, async_call, span_stand_in, sync_call
+from otel_llm._calls import Kind, Wrapper, async_call, hook, span_stand_in, sync_call
 from otel_llm._content import Output
 from otel_llm._operation import Request
 from otel_llm._patching import Provider, Target
@@ -249,11 +249,7 @@ class _Messages:
     def read(self, op: Operation, result: Any) -> None:
         if isinstance(result, (APIResponse, AsyncAPIResponse)):
             result = parsed_body(result)
-        op.response_id = result.id
-        op.response_model = result.model
-        if result.stop_reason:
-            op.finish_reasons = [result.stop_reason]
-        _read_usage(op, result.usage, final=True)
+        _read_message(op, result)
         if op.output is not None:
             _claude.read_content(op.output, result.content)
 
@@ -357,6 +353,24 @@ class _SentWhenAwaited:
 
 
 _MESSAGES, _STREAM_HELPER = _Messages(), _StreamHelper()
+def _read_message(op: Operation, message: Any) -> None:
+    """A whole message: ids, stop reason, usage."""
+    op.response_id = message.id
+    op.response_model = message.model
+    if message.stop_reason:
+        op.finish_reasons = [message.stop_reason]
+    _read_usage(op, message.usage, final=True)
+
+
+def _parsing_message(op: Operation, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """``parse()``'s structured-output parser is about to read the message: read it first, since the parser raises
+    pydantic's ValidationError on an answer cut short or not in the format, and that error carries no message. (Its
+    content is read from what the call returns: once.)"""
+    message = kwargs.get("response")
+    if message is not None:
+        _read_message(op, message)
+
+
 _MESSAGES_MODULE = "anthropic.resources.messages.messages"
 # client.beta.messages: the same shapes, Beta-named; the Bedrock and Vertex clients' beta resources hold copies of
 # its methods taken at import, so they are patched where they are
@@ -387,6 +401,9 @@ PROVIDER = Provider(
         # headers, retries and the SDK's own span: deeper in the client, on behalf of the operation in this context
         *_HEADERS.base_client_targets("anthropic"),
         Target("anthropic._base_client", "start_api_call_span", span_stand_in()),
+        # parse()'s structured-output parsers, where it looks them up (the Bedrock and Vertex copies' too)
+        Target(_MESSAGES_MODULE, "parse_response", hook(_parsing_message)),
+        Target(_BETA_MODULES[0], "parse_beta_response", hook(_parsing_message)),
         # the stream() helpers' parsers refuse an answer cut short (output_format) while the caller iterates
         *(helper_target(f"anthropic.lib.streaming._{module}", helper) for module, helpers in (
             ("messages", ("MessageStream", "AsyncMessageStream")),

@@ -1015,6 +1015,16 @@ def _helper_closed(helper_stream: Any) -> None:
     closed_by_helper(raw_stream_of(helper_stream))
 
 
+def _parsing_chat_completion(op: Operation, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """``chat.completions.parse()``'s structured-output parser is about to read the completion: read its ids, finish
+    reasons and usage first, since the parser raises pydantic's ValidationError on an answer that does not fit the
+    format, and that error carries no completion. (Its content is read from what the call returns, or from the
+    refusal that carries the completion: once.)"""
+    completion = kwargs.get("chat_completion")
+    if completion is not None:
+        _read_completion(op, completion)
+
+
 def _parsing_response(op: Operation, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """``responses.parse()``'s structured-output parser is about to read the response: read it first, since the
     parser raises (pydantic's ValidationError) on an answer cut short, and that error carries no response."""
@@ -1061,7 +1071,9 @@ PROVIDER = Provider(
         Target("openai.resources.decisions", "AsyncDecisions.create", async_call(_DECISIONS)),
         # headers, retries: deeper in the client, on behalf of the operation running in this context
         *_HEADERS.base_client_targets("openai"),
-        # the Responses parser, where parse() looks it up (openai 3.x; 1.x and 2.x)
+        # the structured-output parsers, where parse() looks them up (openai 3.x; 1.x and 2.x)
+        Target("openai.lib._chat_completion_resources", "_parse_chat_completion", hook(_parsing_chat_completion)),
+        Target(_CHAT_MODULE, "_parse_chat_completion", hook(_parsing_chat_completion)),
         Target("openai.lib._response_resources", "parse_response", hook(_parsing_response)),
         Target(_RESPONSES_MODULE, "parse_response", hook(_parsing_response)),
         # the stream() helpers close the HTTP response themselves, not the stream we handed them
