@@ -68,6 +68,9 @@ class Operation(_WeaklyReferable):
     done_ns: int = 0
     # the caller asked for no usage chunk; we did, so it must not reach the caller
     hide_usage_chunk: bool = False
+    # and the counts on every chunk came only because we asked (vLLM's continuous_usage_stats, which the caller asked
+    # for): taken off each
+    hide_chunk_usage: bool = False
     # the adapter's way to take that chunk out before the client parses it, installed when the output finishes
     usage_lift: Any = None
     # response facts

@@ -324,11 +324,15 @@ def test_a_usage_chunk_that_carries_a_moderation_result_reaches_the_caller_as_it
 
 
 def usage_on_every_chunk(legacy: bool) -> Callable[[wire.RecordedRequest], wire.Reply]:
-    """vLLM with ``stream_options.continuous_usage_stats``: once usage is asked for, every chunk carries the counts
-    so far, then the usage chunk; unasked, none does."""
+    """vLLM asked for ``stream_options.continuous_usage_stats``: once usage is asked for too, every chunk carries the
+    counts so far, then the usage chunk; otherwise none does."""
 
     def answer(request: wire.RecordedRequest) -> wire.Reply:
-        asked = (request.json.get("stream_options") or {}).get("include_usage") is True
+        options = request.json.get("stream_options") or {}
+        asked = options.get("include_usage") is True
+        if asked and not options.get("continuous_usage_stats"):
+            return wire.Reply.stream(wire.completion_stream(TOKENS, usage=USAGE) if legacy
+                                     else wire.chat_stream(TOKENS, usage=USAGE))
         usage = USAGE if asked else None
         events = wire.completion_stream(TOKENS, usage=usage) if legacy else wire.chat_stream(TOKENS, usage=usage)
         if not asked:
@@ -344,14 +348,19 @@ def usage_on_every_chunk(legacy: bool) -> Callable[[wire.RecordedRequest], wire.
 
 
 @pytest.mark.parametrize("legacy", [False, True], ids=["chat", "legacy completions"])
-def test_usage_a_server_puts_on_every_chunk_reaches_the_caller_only_if_it_asked(instrument: Instrument,
-                                                                                legacy: bool) -> None:
+def test_vllms_continuous_usage_reaches_the_caller_only_if_it_asked_for_usage(instrument: Instrument,
+                                                                              legacy: bool) -> None:
+    """The caller asks for continuous_usage_stats alone, which vLLM honours only with include_usage: the counts our
+    include_usage brings on every chunk are taken off, and read."""
     def read() -> list[tuple[str, Any]]:
         client, _ = sync_client(usage_on_every_chunk(legacy))
+        continuous = {"extra_body": {"stream_options": {"continuous_usage_stats": True}}}
         if legacy:
-            stream = client.completions.create(model="gpt-3.5-turbo-instruct", prompt="Say hello", stream=True)
+            stream = client.completions.create(model="gpt-3.5-turbo-instruct", prompt="Say hello", stream=True,
+                                               **continuous)
         else:
-            stream = client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, stream=True)
+            stream = client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, stream=True,
+                                                    **continuous)
         return as_read(stream)
 
     without = read()
@@ -586,22 +595,48 @@ def usage_on_the_finishing_chunk() -> list[bytes]:
     return [*content, wire.sse(finish_data), done]
 
 
-def test_usage_a_server_puts_on_the_finishing_chunk_when_asked_is_read_and_the_caller_sees_none(
-        instrument: Any) -> None:
-    """Asked for usage, such a server puts it on the chunk with finish_reason: we read it there, and the caller's
-    chunks are those the server sends it unasked."""
-    def server(request: wire.RecordedRequest) -> wire.Reply:
+def usage_on_output_chunks(where: str, always: bool) -> Callable[[wire.RecordedRequest], wire.Reply]:
+    """A compatible server that puts usage on chunks of output (``where``: the finishing chunk, or every chunk with
+    the counts so far), and no usage chunk of its own: asked or not (``always``: llama-cpp-python's server puts it on
+    the finishing chunk, llama.cpp's may on every chunk), or only when asked."""
+    def answer(request: wire.RecordedRequest) -> wire.Reply:
+        *chunks, done = wire.unasked(wire.chat_stream(TOKENS))
         asked = (request.json.get("stream_options") or {}).get("include_usage") is True
-        return wire.Reply.stream(usage_on_the_finishing_chunk() if asked else wire.unasked(wire.chat_stream(TOKENS)))
+        if not (asked or always):
+            return wire.Reply.stream([*chunks, done])
+        counted = []
+        for n, event in enumerate(chunks, start=1):
+            data = json.loads(event.removeprefix(b"data: "))
+            if where == "every" or n == len(chunks):
+                output = USAGE.output if n == len(chunks) else n - 1  # the counts so far, then the whole answer's
+                data["usage"] = {"prompt_tokens": USAGE.input, "completion_tokens": output,
+                                 "total_tokens": USAGE.input + output}
+            counted.append(wire.sse(data))
+        return wire.Reply.stream([*counted, done])
 
+    return answer
+
+
+@pytest.mark.parametrize("always", [True, False], ids=["asked or not", "only when asked"])
+@pytest.mark.parametrize("where", ["finishing", "every"], ids=["on the finishing chunk", "on every chunk"])
+def test_usage_a_server_puts_on_chunks_of_output_is_read_and_left_where_it_is(
+        instrument: Any, where: str, always: bool) -> None:
+    """We cannot tell counts a server puts on chunks of output because we asked from counts it puts there anyway:
+    we read them, and leave them to the caller, which never loses counts it would have had. A server that sends
+    them only when asked shows them to the caller too; every other field of every chunk is as it comes unasked."""
     def read_all() -> list[Any]:
-        client, _ = sync_client(server)
+        client, _ = sync_client(usage_on_output_chunks(where, always))
         return [chunk.to_dict() for chunk in client.chat.completions.create(model="m", messages=MESSAGES, stream=True)]
 
     without = read_all()
     otel = instrument()
-    assert read_all() == without
-    assert all("usage" not in chunk for chunk in without)
+    seen = read_all()
+    if always:
+        assert seen == without and all("usage" in chunk for chunk in without[-1 if where == "finishing" else 0:])
+    else:
+        assert all("usage" not in chunk for chunk in without)
+        assert [{key: value for key, value in chunk.items() if key != "usage"} for chunk in seen] == without
+        assert seen[-1]["usage"]["completion_tokens"] == 4
     attrs = attributes(otel.span())
     assert (attrs[sc.USAGE_INPUT_TOKENS], attrs[sc.USAGE_OUTPUT_TOKENS], attrs[sc.USAGE_INJECTED]) == (12, 4, True)
 

@@ -407,12 +407,16 @@ _CARRIED = (_field_names(ChatCompletionChunk) | _field_names(Completion)) - {
 _FIELDS_SET = "__fields_set__" if pydantic.VERSION.startswith("1.") else "__pydantic_fields_set__"
 
 
-def _unasked_usage(op: Operation, chunk: Any) -> None:
-    """Usage on a chunk with choices, of a stream we asked usage for. Some compatible servers put it on the finishing
-    chunk, or on every chunk (vLLM's continuous_usage_stats, which a caller may ask for, counting on no usage without
-    include_usage): the latest counts are read, and the chunk goes on without them, as it comes unasked."""
+def _output_chunk_usage(op: Operation, chunk: Any) -> None:
+    """Counts on a chunk with choices, of a stream we asked usage for: read (the latest), and left where the server
+    put them. Some compatible servers put them on the finishing chunk or on every chunk whether asked or not
+    (llama-cpp-python's server, llama.cpp's), and we cannot tell those from counts that came because we asked. Only
+    vLLM's continuous_usage_stats, which the caller asked for and only our include_usage turns on, are taken off, so
+    that the chunk goes on as it comes unasked."""
     _read_chat_usage(op, chunk.usage)
-    chunk.usage = None  # which pydantic marks as set: observe() unsets it after
+    if op.hide_chunk_usage:
+        chunk.usage = None  # which pydantic marks as set
+        getattr(chunk, _FIELDS_SET).discard("usage")
 
 
 def _as_unasked(chunk: Any) -> None:
@@ -433,8 +437,8 @@ def _finished(op: Operation, chunk: Any, choice: Any) -> int:
         op.usage_lift.install(op)
         op.usage_lift = None
     # some compatible servers put usage on the finishing chunk instead of a chunk of its own (when we asked for it,
-    # _unasked_usage read it already)
-    if chunk.usage is not None:
+    # _output_chunk_usage read it already)
+    if chunk.usage is not None and not op.hide_usage_chunk:
         _read_chat_usage(op, chunk.usage)
     return DONE if len(op.finished_choices) >= op.request.attributes.get(sc.REQUEST_CHOICE_COUNT, 1) else OTHER
 
@@ -683,6 +687,7 @@ class _Endpoint:
         elif not isinstance(options, Mapping) or "include_usage" in options:
             return kwargs  # the caller decided, either way, or sends something of its own: not ours to rewrite
         op.hide_usage_chunk = True
+        op.hide_chunk_usage = bool(options.get("continuous_usage_stats"))
         return {**kwargs, "extra_body": {**extra, "stream_options": {**options, "include_usage": True}}}
 
     def refused(self, op: Operation, error: Exception, kwargs: dict[str, Any]) -> dict[str, Any] | None:
@@ -806,9 +811,10 @@ class _ChatCompletions(_Endpoint):
         if not choices:
             return _usage_chunk(op, chunk)
         if op.hide_usage_chunk:  # first: a chunk we then fail to read goes on as it comes unasked all the same
-            if chunk.usage is not None:
-                _unasked_usage(op, chunk)
-            getattr(chunk, _FIELDS_SET).discard("usage")
+            if chunk.usage is None:  # OpenAI's null, where unasked it sends none
+                getattr(chunk, _FIELDS_SET).discard("usage")
+            else:
+                _output_chunk_usage(op, chunk)
         if op.response_id is None:
             op.response_id, op.response_model = chunk.id, chunk.model
             _read_served(op, chunk)
@@ -973,9 +979,10 @@ class _Completions(_Endpoint):
         if not choices:
             return _usage_chunk(op, chunk)
         if op.hide_usage_chunk:  # as _ChatCompletions.observe
-            if chunk.usage is not None:
-                _unasked_usage(op, chunk)
-            getattr(chunk, _FIELDS_SET).discard("usage")
+            if chunk.usage is None:  # OpenAI's null, where unasked it sends none
+                getattr(chunk, _FIELDS_SET).discard("usage")
+            else:
+                _output_chunk_usage(op, chunk)
         if op.response_id is None:
             op.response_id, op.response_model = chunk.id, chunk.model
         kind = OTHER
