@@ -1064,6 +1064,33 @@ def test_the_caller_gets_what_boto3_gives_without_us(instrument: Instrument) -> 
     assert len(captured.spans()) == 4
 
 
+@pytest.mark.parametrize("given", ["bytes", "a file", "a file past its start"])
+def test_invoke_models_request_body_is_read_from_a_file_as_from_bytes(instrument: Instrument, given: str) -> None:
+    """botocore sends a file object's body from where it stands, and rewinds it to sign and to retry (it refuses one
+    that cannot seek): we read it the same way and put it back, so its span is the one its bytes give, and the
+    server gets the same bytes."""
+    request = json.dumps(CLAUDE.request("Say hello")).encode()
+    lead = b"ignored by botocore"
+
+    def call(client: Any) -> Any:
+        body: Any = {"bytes": request, "a file": io.BytesIO(request)}.get(given)
+        if given == "a file past its start":
+            body = io.BytesIO(lead + request)
+            body.seek(len(lead))
+        client.invoke_model(modelId=MODEL, body=body)["body"].read()
+        return body
+
+    otel = instrument()
+    with bedrock([wb.invoke_reply(CLAUDE.body(TOKENS, USAGE))]) as (client, server):
+        body = call(client)
+    assert server.requests[0].body == request
+    if isinstance(body, io.BytesIO):
+        assert body.tell() == len(body.getvalue())  # where botocore leaves it, as without us
+    attrs = attributes(otel.span())
+    assert attrs[sc.OPERATION_NAME] == sc.OP_CHAT and attrs[sc.REQUEST_MAX_TOKENS] == 256
+    assert attrs[sc.PROMPT_LENGTH] == PROMPT_CHARS
+
+
 def test_invoke_models_body_keeps_botocores_behaviour(instrument: Instrument) -> None:
     """We read the body within the call and hand over one that replays it: it reads, closes and takes a socket
     timeout as botocore's own does, and keeps the length the header gave (botocore's text of it)."""

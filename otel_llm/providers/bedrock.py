@@ -172,15 +172,33 @@ def _input_messages(body: Mapping[str, Any]) -> list[Message]:
 
 
 def _request_body(kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
-    """invoke_model's JSON body; empty when it is a file object (not ours to read) or not a JSON object."""
+    """invoke_model's JSON body, given as bytes, text or a file object; empty when it is not a JSON object."""
     body = kwargs.get("body")
     if not isinstance(body, (bytes, bytearray, str)):
-        return {}
+        body = _file_content(body)
+        if body is None:
+            return {}
     try:
         parsed = json.loads(body)
     except ValueError:
         return {}
     return parsed if isinstance(parsed, dict) else {}
+
+
+def _file_content(body: object) -> bytes | str | None:
+    """What a seekable file object holds from where it stands, read and put back: botocore sends it from there, and
+    reads and rewinds it the same way to sign it and to retry. None for anything else (botocore refuses a file that
+    cannot seek)."""
+    seekable = getattr(body, "seekable", None)
+    if not (callable(seekable) and seekable()):
+        return None
+    file: Any = body
+    start = file.tell()
+    try:
+        content = file.read()
+    finally:
+        file.seek(start)
+    return content if isinstance(content, (bytes, str)) else None
 
 
 def _server(client: Any) -> tuple[str | None, int | None]:
