@@ -377,9 +377,9 @@ def _usage_chunk(op: Operation, chunk: Any) -> int:
     """A chunk without choices: the usage chunk at the end of a stream (hidden when we asked for it), or nothing.
     Only an empty list of choices is that chunk's shape, as the lift reads it too: ``null`` or a string is not."""
     if chunk.usage is None or chunk.choices != []:
-        if op.hide_usage_chunk:
-            _as_unasked(chunk)
-        return OTHER
+        if op.hide_usage_chunk and chunk.usage is None:  # OpenAI's null, where unasked it sends none
+            getattr(chunk, _FIELDS_SET).discard("usage")
+        return OTHER  # usage beside choices that are not a list: the server's, as on chunks of output
     _read_chat_usage(op, chunk.usage)  # whatever the server put there: the chunk is hidden all the same
     if not op.hide_usage_chunk:
         return OTHER
