@@ -830,24 +830,39 @@ def test_responses_time_per_output_token_is_the_answers_own_after_unseen_reasoni
     assert (attrs[sc.RESPONSE_TIME_TO_FIRST_CHUNK] < 0.1) is summary
 
 
+# what a tool the service runs itself streams (the last event says it is done), and the output item it leaves
+HOSTED_TOOLS: dict[str, tuple[list[tuple[str, dict[str, Any]]], dict[str, Any]]] = {
+    "web search": ([("response.web_search_call.in_progress", {"output_index": 1, "item_id": "ws_1"}),
+                    ("response.web_search_call.searching", {"output_index": 1, "item_id": "ws_1"}),
+                    ("response.web_search_call.completed", {"output_index": 1, "item_id": "ws_1"})],
+                   {"id": "ws_1", "type": "web_search_call", "status": "completed"}),
+    "shell in a container": (
+        [("response.shell_call_output_content.delta", {"output_index": 1, "item_id": "sho_1", "command_index": 0,
+                                                       "delta": {"stdout": "a.txt\n"}}),
+         ("response.shell_call_output_content.done", {"output_index": 1, "item_id": "sho_1", "command_index": 0,
+                                                      "output": [{"stdout": "a.txt\n", "stderr": "",
+                                                                  "outcome": {"type": "exit", "exit_code": 0}}]})],
+        {"id": "sho_1", "type": "shell_call_output", "call_id": "call_sh", "status": "completed", "output": []}),
+}
+
+
+@pytest.mark.parametrize("tool", list(HOSTED_TOOLS))
 @pytest.mark.timing  # TPOT from pauses of 10-20 ms, within 4 ms
-def test_responses_time_per_output_token_leaves_out_a_hosted_tools_wait(otel: Captured) -> None:
-    """A web search the service runs between two stretches of text: 300 ms with no decoding."""
-    search = {"id": "ws_1", "type": "web_search_call", "status": "completed"}
+def test_responses_time_per_output_token_leaves_out_a_hosted_tools_wait(otel: Captured, tool: str) -> None:
+    """A tool the service runs between two stretches of text: 300 ms with no decoding."""
+    tool_events, item = HOSTED_TOOLS[tool]
     text = [("response.output_text.delta", {**_ANSWER_AT, "delta": token, "logprobs": []}) for token in "abcdef"]
     events = _responses_events(
         ("response.created", {"response": wire._response("resp_1", "gpt-5", "in_progress", [], None)}),
         *text[:3],
-        ("response.web_search_call.in_progress", {"output_index": 1, "item_id": "ws_1"}),
-        ("response.web_search_call.searching", {"output_index": 1, "item_id": "ws_1"}),
-        ("response.web_search_call.completed", {"output_index": 1, "item_id": "ws_1"}),
+        *tool_events,
         *text[3:],
-        ("response.completed", {"response": wire._response("resp_1", "gpt-5", "completed", [search],
+        ("response.completed", {"response": wire._response("resp_1", "gpt-5", "completed", [item],
                                                            wire.Usage(input=9, output=6))}),
     )
-    delays = [0, 0, 0.02, 0.02, 0, 0, 0, 0.3, 0.02, 0.02]
+    delays = [0, 0, 0.02, 0.02, *[0] * len(tool_events), 0.3, 0.02, 0.02]
     client, _ = sync_client([wire.Reply.stream(events, delays=delays)])
-    list(client.responses.create(model="gpt-5", input="news?", tools=[{"type": "web_search"}], stream=True))
+    list(client.responses.create(model="gpt-5", input="news?", stream=True))
     attrs = attributes(otel.span())
     assert attrs[sc.MAX_CHUNK_GAP] >= 0.3
     assert attrs[sc.TIME_PER_OUTPUT_TOKEN] == pytest.approx(0.02 * 4 / 5, abs=0.004)

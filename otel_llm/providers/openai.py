@@ -97,6 +97,7 @@ _RESPONSES_HOSTED_TOOL_DONE = frozenset({
     "response.image_generation_call.completed",
     "response.mcp_call.completed",
     "response.mcp_call.failed",
+    "response.shell_call_output_content.done",  # a shell in the service's container (a local one ends the response)
 })
 
 
