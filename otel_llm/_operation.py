@@ -92,7 +92,7 @@ class Operation(_WeaklyReferable):
     # gaps between content chunks (by index into gaps_ns) that the model spent waiting on a tool the service runs
     # itself (web search, code execution): no decoding in them, so they are out of the time per output token
     tool_waits: set[int] | None = None
-    finished_choices: set[int] | None = None  # of a stream's choices, those finished (by index)
+    finished_choices: dict[int, str] | None = None  # of a stream's choices, those finished: index -> finish reason
     output: Output | None = None  # gathered only when content capture is on
     retries: int = 0
     retry_after: float | None = None

@@ -400,17 +400,18 @@ def test_a_stream_asked_for_with_another_true_value_is_a_stream(otel: Captured, 
     assert attrs[sc.CONTENT_CHUNKS] == 3 and sc.RESPONSE_TIME_TO_FIRST_CHUNK in attrs
 
 
-def two_choices_stream() -> list[bytes]:
-    """n=2: choice 0 finishes while choice 1 still streams, then the usage chunk."""
+def two_choices_stream(reasons: tuple[str, str] = ("stop", "stop"), first: int = 0) -> list[bytes]:
+    """n=2: choice ``first`` finishes while the other still streams, then the usage chunk; each choice finishes with
+    its reason in ``reasons``."""
     one, finished_one, two, finished_two, usage_and_done = [], [], [], [], []
-    for index, target in ((0, one), (1, two)):
-        choice_events = wire.chat_stream([f"t{index}"], usage=USAGE)
+    for index, target in ((first, one), (1 - first, two)):
+        choice_events = wire.chat_stream([f"t{index}"], usage=USAGE, finish_reason=reasons[index])
         body = [json.loads(event[len(b"data: "):]) for event in choice_events[:-2]]
         for data in body:
             data["choices"][0]["index"] = index
         *content, finish = body
         target.extend(wire.sse(data) for data in content)
-        (finished_one if index == 0 else finished_two).append(wire.sse(finish))
+        (finished_one if index == first else finished_two).append(wire.sse(finish))
         usage_and_done[:] = choice_events[-2:]
     return [*one, *finished_one, *two, *finished_two, *usage_and_done]
 
@@ -427,6 +428,14 @@ def test_chunks_after_the_first_finished_choice_reach_the_caller_unchanged(instr
     attrs = attributes(captured.span())
     assert attrs[sc.RESPONSE_FINISH_REASONS] == ("stop", "stop")
     assert (attrs[sc.USAGE_INPUT_TOKENS], attrs[sc.USAGE_OUTPUT_TOKENS], attrs[sc.CONTENT_CHUNKS]) == (12, 4, 2)
+
+
+def test_a_streams_finish_reasons_are_in_the_order_of_its_choices(otel: Captured) -> None:
+    """Choice 1 finishes first, cut at the length limit, then choice 0: the finish reasons are in the order of the
+    choices, as a whole completion lists them, so that each is its output message's."""
+    client, _ = sync_client([wire.Reply.stream(two_choices_stream(("stop", "length"), first=1))])
+    list(client.chat.completions.create(model="m", messages=MESSAGES, stream=True, n=2))
+    assert attributes(otel.span())[sc.RESPONSE_FINISH_REASONS] == ("stop", "length")
 
 
 @pytest.mark.parametrize("read, outcome", [(3, sc.ERROR_CANCELLED), (6, None)],

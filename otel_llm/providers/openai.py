@@ -429,11 +429,13 @@ def _as_unasked(chunk: Any) -> None:
 
 
 def _finished(op: Operation, chunk: Any, choice: Any) -> int:
-    """A choice finished: DONE once every choice asked for has (a server may say so again)."""
-    op.finish_reasons.append(choice.finish_reason)
-    if op.finished_choices is None:
-        op.finished_choices = set()
-    op.finished_choices.add(choice.index)
+    """A choice finished: DONE once every choice asked for has (a server may say so again: its last reason counts).
+    The reasons are in the order of the choices, as a whole completion lists them, whichever finished first."""
+    reasons = op.finished_choices
+    if reasons is None:
+        reasons = op.finished_choices = {}
+    reasons[choice.index] = choice.finish_reason
+    op.finish_reasons = [choice.finish_reason] if len(reasons) == 1 else [reasons[i] for i in sorted(reasons)]
     if op.usage_lift is not None:
         op.usage_lift.install(op)
         op.usage_lift = None
@@ -441,7 +443,7 @@ def _finished(op: Operation, chunk: Any, choice: Any) -> int:
     # _output_chunk_usage read it already)
     if chunk.usage is not None and not op.hide_usage_chunk:
         _read_chat_usage(op, chunk.usage)
-    return DONE if len(op.finished_choices) >= op.request.attributes.get(sc.REQUEST_CHOICE_COUNT, 1) else OTHER
+    return DONE if len(reasons) >= op.request.attributes.get(sc.REQUEST_CHOICE_COUNT, 1) else OTHER
 
 
 # a response's statuses before it has finished: a background response comes back queued, and no reason to finish
