@@ -164,9 +164,13 @@ def _with_mime(part: Part, mime_type: object) -> Part:
 _PIECE = 256
 
 
+# the kinds of part whose text is gathered: a part of one of them with no text is left out
+_TEXT_KINDS = frozenset({sc.PART_TEXT, sc.PART_REASONING, sc.PART_REFUSAL})
+
+
 class _Gathered:
-    """One part of an answer under way: text (output, reasoning or a refusal), or a tool call whose arguments may come
-    in fragments."""
+    """One part of an answer under way: text (output, reasoning or a refusal), a tool call whose arguments may come
+    in fragments, or a part of another kind (a call of a tool the service runs), named by its type."""
 
     __slots__ = ("arguments", "call_id", "fragments", "kind", "name", "pieces")
 
@@ -195,6 +199,8 @@ class _Gathered:
         if self.kind == sc.PART_TOOL_CALL:
             return tool_call(self.call_id, self.name,
                              arguments("".join(self.fragments)) if self.fragments else self.arguments)
+        if self.kind not in _TEXT_KINDS:
+            return other(self.kind)
         return {"type": self.kind, "content": "".join(self.fragments)}
 
 
@@ -237,6 +243,12 @@ class Choice:
         if found is not None and isinstance(fragment, str) and fragment:
             found.add(fragment)
 
+    def other(self, key: Hashable, kind: object) -> None:
+        """A part of a kind the conventions do not define (a call of a tool the service runs): named by its type."""
+        name = kind if isinstance(kind, str) and kind else "unknown"
+        if (name, key) not in self.parts:
+            self.parts[(name, key)] = _Gathered(name)
+
     def finish(self, reason: object) -> None:
         if isinstance(reason, str) and reason:
             self.finish_reason = reason
@@ -272,7 +284,7 @@ class Output:
         found = []
         for _, choice in sorted(choices.items()):
             parts = [part.part() for part in choice.parts.values()
-                     if part.kind == sc.PART_TOOL_CALL or any(part.fragments)]
+                     if part.kind not in _TEXT_KINDS or any(part.fragments)]
             reason = choice.finish_reason
             if reason is None and len(choices) == 1 and finish_reasons:
                 reason = finish_reasons[-1]

@@ -721,6 +721,52 @@ def test_openai_responses_stream_keeps_what_streamed_however_it_ends(record: Any
                                 tool_call("call_1", "get_weather", {"city": "Paris"})]
 
 
+SEARCH_ITEM = {"id": "ws_1", "type": "web_search_call", "status": "completed",
+               "action": {"type": "search", "query": "weather Paris"}}
+CUSTOM_ITEM = {"id": "ctc_1", "type": "custom_tool_call", "call_id": "call_ct", "name": "sql", "input": "SELECT 2"}
+
+
+@pytest.mark.parametrize("ending", ["whole", "completed", "broken off"])
+def test_openai_responses_custom_and_hosted_tool_calls_are_output(record: Any, ending: str) -> None:
+    """A custom tool call is a tool call, its input the arguments (as chat's custom calls are); a call of a tool the
+    service runs (web search) is a part named by its type, as in the input, its payload not copied. Streamed, both
+    are gathered as they come, so a stream broken off keeps them."""
+    recorded = record("SPAN_ONLY")
+    client, _ = sync_client([wire.Reply.json(wire._response("resp_1", "gpt-5", "completed", [SEARCH_ITEM, CUSTOM_ITEM],
+                                                            wire.Usage(5, 9)))] if ending == "whole" else [
+        wire.Reply.stream(responses_events([
+            ("response.created", {"response": wire._response("resp_1", "gpt-5", "in_progress", [], None)}),
+            ("response.output_item.added", {"output_index": 0, "item": {**SEARCH_ITEM, "status": "in_progress"}}),
+            ("response.web_search_call.completed", {"output_index": 0, "item_id": "ws_1"}),
+            ("response.output_item.done", {"output_index": 0, "item": SEARCH_ITEM}),
+            ("response.output_item.added", {"output_index": 1, "item": {**CUSTOM_ITEM, "input": ""}}),
+            *(("response.custom_tool_call_input.delta", {"item_id": "ctc_1", "output_index": 1, "delta": delta})
+              for delta in ("SELECT", " 2")),
+            *([("response.completed", {"response": wire._response(
+                "resp_1", "gpt-5", "completed", [SEARCH_ITEM, CUSTOM_ITEM], wire.Usage(5, 9))})]
+              if ending == "completed" else []),
+        ]))])
+    if ending == "whole":
+        client.responses.create(model="gpt-5", input="Weather?")
+    else:
+        list(client.responses.create(model="gpt-5", input="Weather?", stream=True))
+    (message,) = recorded.content()[sc.OUTPUT_MESSAGES]
+    assert message["parts"] == [{"type": "web_search_call"}, tool_call("call_ct", "sql", "SELECT 2")]
+    assert "weather Paris" not in json.dumps(message)
+
+
+def test_openai_responses_custom_tool_calls_in_the_input_are_tool_calls_and_their_results(record: Any) -> None:
+    recorded = record()
+    client, _ = sync_client([wire.Reply.json(wire._response("resp_2", "gpt-5", "completed", [], wire.Usage(5, 9)))])
+    client.responses.create(model="gpt-5", input=[  # type: ignore[list-item]
+        {"role": "user", "content": "How many?"}, CUSTOM_ITEM,
+        {"type": "custom_tool_call_output", "call_id": "call_ct", "output": "2"}])
+    assert recorded.content()[sc.INPUT_MESSAGES] == [
+        {"role": "user", "parts": [text("How many?")]},
+        {"role": "assistant", "parts": [tool_call("call_ct", "sql", "SELECT 2")]},
+        {"role": "tool", "parts": [{"type": "tool_call_response", "id": "call_ct", "response": "2"}]}]
+
+
 def test_openai_responses_reasoning_text_is_reasoning(record: Any) -> None:
     """Reasoning text itself (gpt-oss on compatible servers), not only its summary: streamed, and in the item."""
     recorded = record("SPAN_ONLY")

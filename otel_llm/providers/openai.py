@@ -235,10 +235,10 @@ def _responses_input(value: Any) -> list[Message]:
         kind, role = field(item, "type"), field(item, "role")
         if role is not None:
             found.append(ct.message(role, _parts(field(item, "content"))))
-        elif kind == "function_call":
-            found.append(ct.message(sc.ROLE_ASSISTANT, [ct.tool_call(
-                field(item, "call_id"), field(item, "name"), ct.arguments(field(item, "arguments")))]))
-        elif kind == "function_call_output":
+        elif kind in ("function_call", "custom_tool_call"):  # a custom call's input is its arguments
+            found.append(ct.message(sc.ROLE_ASSISTANT, [ct.tool_call(field(item, "call_id"), field(item, "name"),
+                ct.arguments(field(item, "arguments" if kind == "function_call" else "input")))]))
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             found.append(ct.message(sc.ROLE_TOOL, [ct.tool_call_response(
                 field(item, "call_id"), _tool_result(field(item, "output")))]))
         elif kind == "reasoning":
@@ -307,7 +307,10 @@ _RESPONSES_GATHERED = {
     "response.reasoning_summary_text.delta": sc.PART_REASONING,
     "response.reasoning_text.delta": sc.PART_REASONING,
     "response.function_call_arguments.delta": sc.PART_TOOL_CALL,
+    "response.custom_tool_call_input.delta": sc.PART_TOOL_CALL,
 }
+# output items whose content streams as deltas of their own (the others are named at their start)
+_RESPONSES_STREAMED_ITEMS = frozenset({"message", "reasoning"})
 
 
 def _output_type(kwargs: Mapping[str, Any]) -> str | None:
@@ -474,8 +477,8 @@ def _read_responses_usage(op: Operation, response: Any) -> None:
 
 
 def _read_responses_output(output: Output, response: Any) -> None:
-    """A whole Responses output, one choice: messages' text and refusals, reasoning summaries and function calls,
-    keyed by their place in it."""
+    """A whole Responses output, one choice: messages' text and refusals, reasoning summaries, function and custom
+    tool calls, and the calls of tools the service runs (named by their type), keyed by their place in it."""
     found = output.choice()
     for key, item in enumerate(response.output or ()):
         if item.type == "message":
@@ -490,6 +493,10 @@ def _read_responses_output(output: Output, response: Any) -> None:
                     found.text(part.text, key, sc.PART_REASONING)
         elif item.type == "function_call":
             found.tool_call(key, item.call_id, item.name, item.arguments)
+        elif item.type == "custom_tool_call":  # its input is the arguments, as chat's custom calls' are
+            found.tool_call(key, item.call_id, item.name, item.input)
+        else:
+            found.other(key, item.type)
 
 
 def _gather_extras(found: Choice, message: Any) -> None:
@@ -874,8 +881,12 @@ class _Responses(_Endpoint):
             return
         kind = _RESPONSES_GATHERED.get(event)
         if kind is None:
-            if event == "response.output_item.added" and field(chunk.item, "type") == "function_call":
-                op.output.choice().tool_call(chunk.output_index, chunk.item.call_id, chunk.item.name)
+            if event == "response.output_item.added":
+                item_type = field(chunk.item, "type")
+                if item_type in ("function_call", "custom_tool_call"):
+                    op.output.choice().tool_call(chunk.output_index, chunk.item.call_id, chunk.item.name)
+                elif item_type not in _RESPONSES_STREAMED_ITEMS:
+                    op.output.choice().other(chunk.output_index, item_type)
         elif kind == sc.PART_TOOL_CALL:
             op.output.choice().tool_call(chunk.output_index, fragment=chunk.delta)
         else:
