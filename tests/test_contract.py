@@ -9,6 +9,7 @@ import importlib.util
 import json
 import logging
 import random
+import signal
 import subprocess
 import sys
 import textwrap
@@ -156,6 +157,46 @@ def test_our_failure_on_an_odd_chunk_is_swallowed_and_logged_once(
     assert [r.message for r in caplog.records].count(
         "otel_llm: internal failure in stream chunk; telemetry for this call is incomplete") == 1
     assert otel.span().status.status_code is StatusCode.UNSET
+
+
+class Timeout(Exception):
+    """What an application's signal-based timeout raises."""
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["reading the headers", "reading a chunk"])
+def test_an_exception_a_signal_handler_raises_in_our_code_is_the_callers(
+        otel: Captured, monkeypatch: pytest.MonkeyPatch, stream: bool) -> None:
+    """Python runs a signal handler between any two bytecodes, ours included: what it raises there (a timeout's
+    exception) is the caller's, and reaches it as it would without us, never taken for a failure of ours. The
+    operation records it, or, raised by a stream's chunk, ends as the caller leaves the stream (here its with)."""
+    monkeypatch.setattr(_safety, "strict", False)
+
+    def time_out(number: int, frame: Any) -> None:
+        raise Timeout("too slow")
+
+    def signalled(original: Any) -> Any:
+        def reading(*args: Any) -> Any:
+            signal.raise_signal(signal.SIGUSR1)  # the handler runs at once, in this frame
+            return original(*args)
+        return reading
+
+    if stream:
+        monkeypatch.setattr(openai_adapter._CHAT, "observe", signalled(openai_adapter._CHAT.observe))
+    else:
+        monkeypatch.setattr(openai_adapter._HEADERS, "read", signalled(openai_adapter._HEADERS.read))
+    before = signal.signal(signal.SIGUSR1, time_out)
+    try:
+        client, _ = sync_client([wire.Reply.stream(wire.chat_stream(TOKENS)) if stream
+                                 else wire.Reply.json(wire.chat_completion_body("pq"))])
+        with pytest.raises(Timeout, match="too slow"):
+            if stream:
+                with client.chat.completions.create(model="m", messages=MESSAGES, stream=True) as chunks:
+                    list(chunks)
+            else:
+                client.chat.completions.create(model="m", messages=MESSAGES)
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+    otel.assert_finished(sc.ERROR_CANCELLED if stream else "Timeout")
 
 
 def _oddly(events: list[bytes], rng: random.Random, spare: int | None) -> list[bytes]:
