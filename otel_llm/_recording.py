@@ -231,8 +231,9 @@ def flush_all() -> None:
 class Histogram:
     """One histogram instrument; ``series()`` gives the handle for one attribute set."""
 
-    # attribute sets whose handles are kept; the SDK's own cardinality limit is 2000
-    MAX_SERIES = 4096
+    # attribute sets whose handles are kept: just over the SDK's own cardinality limit (2000), past which a set's
+    # values go to the SDK's overflow series, which is never added to directly
+    MAX_SERIES = 2048
 
     def __init__(self, histogram: Any, batch: Batch) -> None:
         self._histogram = histogram
