@@ -245,7 +245,7 @@ class Choice:
 
     def other(self, key: Hashable, kind: object) -> None:
         """A part of a kind the conventions do not define (a call of a tool the service runs): named by its type."""
-        name = kind if isinstance(kind, str) and kind else "unknown"
+        name = other(kind)["type"]  # the name it has in the input too
         if (name, key) not in self.parts:
             self.parts[(name, key)] = _Gathered(name)
 
