@@ -214,7 +214,10 @@ class _Holder(Transparent):
 
     def __del__(self) -> None:
         try:
-            op = self._self_op
+            op = object.__getattribute__(self, "_self_op")
+        except AttributeError:
+            return  # half made (an interrupt in its __init__): it never held the operation
+        try:
             op.holders -= 1
             if not op.holders and not op.finished:  # nobody finished it
                 self._self_telemetry.abandon(op)

@@ -4,6 +4,7 @@ nothing it sends or receives is altered or leaked, and instrument/uninstrument a
 from __future__ import annotations
 
 import dataclasses
+import gc
 import importlib
 import importlib.util
 import json
@@ -51,7 +52,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import StatusCode
 
 import otel_llm
-from otel_llm import _instrumentor, _operation, _safety, _telemetry
+from otel_llm import _instrumentor, _operation, _safety, _stream, _telemetry
 from otel_llm import _semconv as sc
 from otel_llm._patching import Client
 from otel_llm.providers import openai as openai_adapter
@@ -197,6 +198,33 @@ def test_an_exception_a_signal_handler_raises_in_our_code_is_the_callers(
     finally:
         signal.signal(signal.SIGUSR1, before)
     otel.assert_finished(sc.ERROR_CANCELLED if stream else "Timeout")
+
+
+
+def test_a_stream_proxy_an_interrupt_left_half_made_is_dropped_quietly(
+        otel: Captured, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An interrupt (KeyboardInterrupt, a signal handler's exception) can land as a stream's proxy is being built,
+    before it holds its operation: the caller gets the interrupt, and the half-made proxy's finalizer finds nothing to
+    finish, neither raising nor reporting a failure of ours."""
+    unraisable: list[BaseException | None] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda report: unraisable.append(report.exc_value))
+    holder_init = _stream._Holder.__init__.__code__
+
+    def interrupt(frame: types.FrameType, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code is holder_init:
+            sys.settrace(None)
+            raise KeyboardInterrupt
+        return None
+
+    client, _ = sync_client([wire.Reply.stream(wire.chat_stream(TOKENS))])
+    sys.settrace(interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    finally:
+        sys.settrace(None)
+    gc.collect()
+    assert unraisable == []
 
 
 def _oddly(events: list[bytes], rng: random.Random, spare: int | None) -> list[bytes]:
