@@ -200,7 +200,6 @@ def test_an_exception_a_signal_handler_raises_in_our_code_is_the_callers(
     otel.assert_finished(sc.ERROR_CANCELLED if stream else "Timeout")
 
 
-
 def test_a_stream_proxy_an_interrupt_left_half_made_is_dropped_quietly(
         otel: Captured, monkeypatch: pytest.MonkeyPatch) -> None:
     """An interrupt (KeyboardInterrupt, a signal handler's exception) can land as a stream's proxy is being built,
