@@ -96,15 +96,20 @@ def sync_call(endpoint: Endpoint) -> Callable[[Telemetry], Wrapper]:
             if started is None:
                 return wrapped(*args, **kwargs)
             recording, op, call_kwargs = started
-            entered = _enter(recording, op)
-            try:
-                result = _sync_send(wrapped, args, kwargs, call_kwargs, endpoint, op)
+            try:  # around all of ours too: an interrupt (KeyboardInterrupt, a signal handler's) may land anywhere
+                entered = _enter(recording, op)
+                try:
+                    result = _sync_send(wrapped, args, kwargs, call_kwargs, endpoint, op)
+                finally:
+                    _leave(recording, entered)
+                return _adopt(recording, endpoint, op, result, is_async=False)
             except BaseException as exc:
-                _failed(recording, endpoint, op, exc)
+                try:
+                    _failed(recording, endpoint, op, exc)
+                finally:
+                    if not op.finished:  # an interrupt as _failed began
+                        recording.finish(op, exc, sealed=True)
                 raise
-            finally:
-                _leave(recording, entered)
-            return _adopt(recording, endpoint, op, result, is_async=False)
 
         return wrapper
 
@@ -120,24 +125,37 @@ def async_call(endpoint: Endpoint) -> Callable[[Telemetry], Wrapper]:
                 if started is None:
                     return await wrapped(*args, **kwargs)
                 recording, op, call_kwargs = started
-                entered, closed = _enter(recording, op), False
-                try:
-                    result = await _async_send(wrapped, args, kwargs, call_kwargs, endpoint, op)
+                closed = False
+                try:  # as in sync_call
+                    entered = _enter(recording, op)
+                    try:
+                        result = await _async_send(wrapped, args, kwargs, call_kwargs, endpoint, op)
+                    except GeneratorExit:
+                        # closed, not ended: its task destroyed while the call waited (the garbage collector closes
+                        # the coroutine, maybe from another context) or closed by hand. Nobody gets the result:
+                        # abandoned where it was last seen active, as a stream's read closed so (_stream._async_step)
+                        closed = True
+                        recording.abandon(op)
+                        raise
+                    finally:
+                        (_leave_closed if closed else _leave)(recording, entered)
+                    return _adopt(recording, endpoint, op, result, is_async=True)
                 except GeneratorExit:
-                    # closed, not ended: its task destroyed while the call waited (the garbage collector closes the
-                    # coroutine, maybe from another context) or closed by hand. Nobody gets the result: abandoned
-                    # where it was last seen active, as a stream's read closed so (_stream._async_step)
-                    closed = True
-                    recording.abandon(op)
                     raise
                 except BaseException as exc:
-                    _failed(recording, endpoint, op, exc)
+                    try:
+                        _failed(recording, endpoint, op, exc)
+                    finally:
+                        if not op.finished:  # as in sync_call
+                            recording.finish(op, exc, sealed=True)
                     raise
-                finally:
-                    (_leave_closed if closed else _leave)(recording, entered)
-                return _adopt(recording, endpoint, op, result, is_async=True)
 
-            return named_after(wrapped, run())
+            coroutine = run()
+            try:
+                return named_after(wrapped, coroutine)
+            except BaseException:  # an interrupt: the caller never gets it to await, nor a warning that it did not
+                coroutine.close()
+                raise
 
         return wrapper
 
@@ -335,6 +353,10 @@ def _leave_closed(telemetry: Telemetry, entered: tuple[object, Token[Operation |
 
 
 def _failed(telemetry: Telemetry, endpoint: Endpoint, op: Operation, exc: BaseException) -> None:
+    """The call raised, or an interrupt landed in our code around it (finished already where it landed late). The
+    caller finishes the operation where an interrupt lands in here."""
+    if op.finished:
+        return
     try:
         endpoint.read_error(op, exc)
     except Exception:

@@ -111,6 +111,9 @@ class Operation(_WeaklyReferable):
     error_type: str | None = None
     end_ns: int = 0
     finished: bool = False
+    # taken by its first write (spans that wait have their own claim, PendingSpan.claim): an operation handed to be
+    # written a second time, by an interrupt's rescue (Telemetry.finish), is written once
+    written: bool = False
 
     @property
     def content_chunks(self) -> int:

@@ -177,25 +177,35 @@ class Telemetry:
             error_type = error
         if not op.close(time.perf_counter_ns() if end_ns is None else end_ns, error_type):
             return
-        self._pending.pop(id(op), None)
-        if isinstance(error, BaseException):
-            failure = self._failure(op, error)
-        in_collector = _collector is not None and _collector == threading.get_ident()
-        if type(op.span) is PendingSpan and _later_writer is not None and op.span.waits(
-                waiting := (self, op if sealed else op.snapshot(), failure)):
-            _DEFERRED.append(waiting)
-            if WRITE_BATCH is not None and len(_DEFERRED) >= WRITE_BATCH and not in_collector:
-                if len(_DEFERRED) >= MAX_WAITING:  # the writer thread falls behind (threads busy with the GIL)
-                    write_later(_DEFERRED, WRITE_BATCH)
-                else:
-                    _later_wake.set()
-            return
-        if in_collector:
-            _LATER.append((self, op if sealed else op.snapshot(), failure))
-            return
-        if _LATER:
-            write_later()
-        self._write(op, failure)
+        waiting: _Waiting = (self, op, None)
+        try:
+            self._pending.pop(id(op), None)
+            if isinstance(error, BaseException):
+                failure = self._failure(op, error)
+            in_collector = _collector is not None and _collector == threading.get_ident()
+            if type(op.span) is PendingSpan and _later_writer is not None and op.span.waits(
+                    waiting := (self, op if sealed else op.snapshot(), failure)):
+                _DEFERRED.append(waiting)
+                if WRITE_BATCH is not None and len(_DEFERRED) >= WRITE_BATCH and not in_collector:
+                    if len(_DEFERRED) >= MAX_WAITING:  # the writer thread falls behind (threads busy with the GIL)
+                        write_later(_DEFERRED, WRITE_BATCH)
+                    else:
+                        _later_wake.set()
+                return
+            if in_collector:
+                _LATER.append(waiting := (self, op if sealed else op.snapshot(), failure))
+                return
+            waiting = (self, op, failure)
+            if _LATER:
+                write_later()
+            self._write(op, failure)
+        except BaseException:
+            # An interrupt (KeyboardInterrupt, a signal handler's exception) after the close: the operation is
+            # written by the next call, collection or the exit. One handed off already, or whose write began, is
+            # not written twice (Operation.written, PendingSpan.claim)
+            _LATER.append(waiting)
+            self._pending.pop(id(op), None)
+            raise
 
     def _failure(self, op: Operation, exception: BaseException) -> dict[str, str] | None:
         """The span's exception event for what ended the operation, rendered now: its frames are not kept until
@@ -244,7 +254,9 @@ class Telemetry:
         or the application touching its span meanwhile: ``PendingSpan``)."""
         span = op.span
         if type(span) is not PendingSpan:
-            self._write_out(op, failure)
+            if not op.written:
+                op.written = True
+                self._write_out(op, failure)
             return
         if not span.claim():
             return
@@ -570,10 +582,14 @@ def write_later(waiting: deque[_Waiting] = _LATER, limit: int | None = None) -> 
         if limit is not None:
             limit -= 1
         try:
-            telemetry, op, failure = waiting.popleft()
+            item = waiting.popleft()
         except IndexError:  # another thread took the last
             return
-        telemetry._write(op, failure)
+        try:
+            item[0]._write(item[1], item[2])
+        except BaseException:  # an interrupt: back for the next write (begun already, it is not begun again)
+            waiting.appendleft(item)
+            raise
 
 
 def _write_claimed(waiting: object) -> None:

@@ -1,0 +1,330 @@
+"""An interrupt (KeyboardInterrupt, or what a signal handler raises) can land anywhere in our code around a call.
+The caller gets it; the call is still written once, as one span and one duration point together, and nothing of
+ours is left behind (an operation held open, a span left current). Once a write has begun, an interrupt in it can
+cost what it had not written yet, never a second write.
+
+A sweep raises the interrupt at each entry into a function of ours, one run per entry, as a signal handler's
+exception lands when the interpreter enters a function. Not where the garbage collector runs a finalizer of ours:
+the interpreter swallows what a finalizer raises, the caller never sees it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import gc
+import inspect
+import logging
+import os
+import sys
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+import wire
+import wire_anthropic as wa
+import wire_bedrock as wb
+from conftest import async_client, openai_server, sync_client
+from opentelemetry import trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import otel_llm
+from otel_llm import _calls, _telemetry
+from otel_llm import _semconv as sc
+
+OURS = os.path.dirname(otel_llm.__file__)
+MESSAGES = [{"role": "user", "content": "hi"}]
+TOKENS = ["Hel", "lo", "!"]
+# what runs on the garbage collector's stack (and what it calls): what it raises never reaches the caller
+FINALIZERS = {"__del__", "_note_collection"}
+RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+# a write once begun (Telemetry._write has claimed the operation: it is not written twice)
+WRITING = {"_write_out", "_write_claimed"}
+# what puts the context back after the call: like any cleanup, interrupted as it starts, it does not run
+RESTORING = {"_leave", "_leave_closed", "Telemetry.deactivate"}
+
+
+class Interrupt(BaseException):
+    """What a signal handler raises in an asyncio program (for Ctrl-C, asyncio.run cancels the main task instead,
+    and raises KeyboardInterrupt itself, once it is done)."""
+
+
+class Sweep:
+    """Counts the entries into our functions a call makes (outside its writes, or inside them only), or raises an
+    interrupt at the n-th."""
+
+    def __init__(self, in_writes: bool, at: int | None = None, raises: type[BaseException] = KeyboardInterrupt) -> None:
+        self.in_writes, self.at, self.raises, self.entries, self.landed = in_writes, at, raises, 0, ""
+        self._resumable: set[int] = set()  # generator and coroutine frames entered
+
+    def __call__(self, frame: types.FrameType, event: str, arg: Any) -> None:
+        code = frame.f_code
+        if event == "call" and code.co_filename.startswith(OURS) and not self._resumed(frame) \
+                and not _under(frame, FINALIZERS) and _under(frame, WRITING) == self.in_writes:
+            if self.entries == self.at:
+                self.landed = code.co_qualname
+                sys.settrace(None)
+                raise self.raises
+            self.entries += 1
+
+    def _resumed(self, frame: types.FrameType) -> bool:
+        """A generator's or coroutine's frame going on after a yield or await, not entered: the interpreter takes
+        no signal there."""
+        if not frame.f_code.co_flags & RESUMABLE:
+            return False
+        if id(frame) in self._resumable:
+            return True
+        self._resumable.add(id(frame))
+        return False
+
+
+def _complete(client: openai.OpenAI) -> None:
+    client.chat.completions.create(model="m", messages=MESSAGES)
+
+
+def _streamed(client: openai.OpenAI) -> None:
+    for _ in client.chat.completions.create(model="m", messages=MESSAGES, stream=True):
+        pass
+
+
+def _closed_after_one_chunk(client: openai.OpenAI) -> None:
+    with client.chat.completions.create(model="m", messages=MESSAGES, stream=True) as chunks:
+        next(chunks)
+
+
+def _after_a_stream_dropped(client: openai.OpenAI) -> None:
+    """Two operations: a stream dropped after its first chunk, abandoned, and written by the call after it."""
+    chunks = client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    next(chunks)
+    del chunks
+    _complete(client)
+
+
+def _raw_then_parsed(client: openai.OpenAI) -> None:
+    client.chat.completions.with_raw_response.create(model="m", messages=MESSAGES).parse()
+
+
+def _rate_limited(client: openai.OpenAI) -> None:
+    with contextlib.suppress(openai.RateLimitError):
+        client.chat.completions.create(model="m", messages=MESSAGES, extra_headers={"x-reply": "429"})
+
+
+def _async_complete(client: openai.AsyncOpenAI) -> None:
+    asyncio.run(client.chat.completions.create(model="m", messages=MESSAGES))
+
+
+def _async_streamed(client: openai.AsyncOpenAI) -> None:
+    async def read() -> None:
+        async for _ in await client.chat.completions.create(model="m", messages=MESSAGES, stream=True):
+            pass
+
+    asyncio.run(read())
+
+
+def _anthropic_helper(client: anthropic.Anthropic) -> None:
+    with client.messages.stream(model="claude-x", max_tokens=16, messages=MESSAGES) as stream:
+        stream.get_final_message()
+
+
+def _bedrock_streamed(client: Any) -> None:
+    stream = client.converse_stream(modelId="amazon.nova-lite-v1:0", messages=[
+        {"role": "user", "content": [{"text": "hi"}]}])["stream"]
+    try:
+        for _ in stream:
+            pass
+    finally:  # its connection: an interrupted read leaves it open
+        stream.close()
+
+
+def _openai_answer(request: wire.RecordedRequest) -> wire.Reply:
+    if request.headers.get("x-reply") == "429":
+        return wire.Reply.rate_limited()
+    return openai_server(tokens=TOKENS, usage=wire.Usage(input=5, output=3))(request)
+
+
+@contextlib.contextmanager
+def _openai(is_async: bool) -> Iterator[tuple[Any, wire.Recorder]]:
+    yield (async_client if is_async else sync_client)(_openai_answer)
+
+
+@contextlib.contextmanager
+def _anthropic(is_async: bool) -> Iterator[tuple[Any, wire.Recorder]]:
+    def answer(request: wire.RecordedRequest) -> wire.Reply:
+        return wa.stream_reply(wa.text_events(TOKENS, usage=wa.Usage(input=5, output=3)))
+
+    http, recorder = wire.mock_client(answer)
+    yield anthropic.Anthropic(api_key="sk-ant-test", http_client=http, max_retries=0), recorder
+
+
+@contextlib.contextmanager
+def _bedrock(is_async: bool) -> Iterator[tuple[Any, wire.LoopbackServer]]:
+    def answer(request: wire.RecordedRequest) -> wire.Reply:
+        return wb.stream_reply(wb.converse_stream(TOKENS, usage=wb.Tokens(input=5, output=3)))
+
+    with wire.LoopbackServer(answer) as server:
+        yield wb.client(server), server
+
+
+@dataclass(frozen=True)
+class Case:
+    call: Callable[[Any], None]
+    client: Callable[[bool], contextlib.AbstractContextManager[tuple[Any, Any]]]  # the client, what counts requests
+    is_async: bool = False
+    operations: int = 1  # the operations the call makes
+
+
+CASES = {
+    "complete": Case(_complete, _openai),
+    "streamed": Case(_streamed, _openai),
+    "closed after one chunk": Case(_closed_after_one_chunk, _openai),
+    "after a stream dropped": Case(_after_a_stream_dropped, _openai, operations=2),
+    "raw, then parsed": Case(_raw_then_parsed, _openai),
+    "rate limited": Case(_rate_limited, _openai),
+    "async complete": Case(_async_complete, _openai, is_async=True),
+    "async streamed": Case(_async_streamed, _openai, is_async=True),
+    "anthropic's stream helper": Case(_anthropic_helper, _anthropic),
+    "bedrock's converse stream": Case(_bedrock_streamed, _bedrock),
+}
+
+
+def _under(frame: types.FrameType | None, names: set[str]) -> bool:
+    """Whether the frame is one of the functions ``names``, or called from one."""
+    while frame is not None:
+        if frame.f_code.co_name in names:
+            return True
+        frame = frame.f_back
+    return False
+
+
+@pytest.fixture(params=["simple", "batch"])
+def written(request: pytest.FixtureRequest) -> Iterator[Callable[[], tuple[int, int]]]:
+    """Instrumented, under either span processor (a batch one lets spans wait to be made: _spans.PendingSpan);
+    yields what reads the spans and duration points written so far, once all that waits is written."""
+    exporter = InMemorySpanExporter()
+    processor = (BatchSpanProcessor if request.param == "batch" else SimpleSpanProcessor)(exporter)
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(processor)
+    reader = InMemoryMetricReader()
+    otel_llm.instrument(tracer_provider=tracer_provider, meter_provider=MeterProvider(metric_readers=[reader]))
+
+    def read() -> tuple[int, int]:
+        if any(telemetry._pending for telemetry in _telemetry._TELEMETRIES):
+            gc.collect()  # a stream the interrupt left unfinished is abandoned
+        _telemetry.write_all()
+        processor.force_flush()
+        data = reader.get_metrics_data()
+        durations = [point.count for resource in (data.resource_metrics if data else ())
+                     for scope in resource.scope_metrics for metric in scope.metrics
+                     if metric.name == sc.STABLE_NAMES.duration.name for point in metric.data.data_points]
+        return len(exporter.get_finished_spans()), sum(durations)
+
+    yield read
+    otel_llm.uninstrument()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_an_interrupt_anywhere_in_our_code_reaches_the_caller_and_the_call_is_written_once(
+        name: str, written: Callable[[], tuple[int, int]]) -> None:
+    operations = CASES[name].operations
+    for where, before, after in _sweep(CASES[name], in_writes=False, written=written):
+        # each operation begun is written (whether its request reached the server or not), and once
+        assert after.reached <= after.spans - before.spans == after.durations - before.durations <= operations, where
+        assert not any(telemetry._pending for telemetry in _telemetry._TELEMETRIES), where
+        if where.landed not in RESTORING:
+            assert after.current == (trace.INVALID_SPAN, None), where
+
+
+@pytest.mark.parametrize("name", ["complete", "streamed", "after a stream dropped", "async streamed",
+                                  "bedrock's converse stream"])
+def test_an_interrupt_in_a_write_costs_what_it_had_not_written_and_never_writes_twice(
+        name: str, written: Callable[[], tuple[int, int]], caplog: pytest.LogCaptureFixture) -> None:
+    """A write once begun is not begun again: where an interrupt lands in it, its span or its points may be lost.
+    (A span ended again would have the SDK warn of it.)"""
+    operations = CASES[name].operations
+    for where, before, after in _sweep(CASES[name], in_writes=True, written=written):
+        assert after.spans - before.spans <= operations, where
+        assert after.durations - before.durations <= operations, where
+        assert not any(telemetry._pending for telemetry in _telemetry._TELEMETRIES), where
+        assert [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING] == [], where
+
+
+@dataclass
+class Landed:
+    """Where the interrupt landed, for a failed assertion's message."""
+
+    landed: str
+    at: int
+    entries: int
+
+    def __str__(self) -> str:
+        return f"interrupted entering {self.landed} (our function entry {self.at} of {self.entries})"
+
+
+@dataclass
+class Seen:
+    """What was written so far (spans, duration points); what one run left current, requests that reached the
+    server."""
+
+    spans: int
+    durations: int
+    current: tuple[object, object] = (None, None)
+    reached: int = 0
+
+
+def _sweep(case: Case, *, in_writes: bool,
+           written: Callable[[], tuple[int, int]]) -> Iterator[tuple[Landed, Seen, Seen]]:
+    """Runs the case's call once interrupted at each entry into our code, one run per entry: for each, where it
+    landed, and what was written before and after."""
+    unraisable: list[BaseException | None] = []
+    before_hook, sys.unraisablehook = sys.unraisablehook, lambda report: unraisable.append(report.exc_value)
+    try:
+        yield from _runs(case, in_writes, written)
+        gc.collect()
+    finally:
+        sys.unraisablehook = before_hook
+    # an interrupt in the client's own I/O leaves its connection to the garbage collector, as it does without us
+    assert [error for error in unraisable if not (isinstance(error, ResourceWarning) and "unclosed <socket" in str(
+        error))] == []
+
+
+def _runs(case: Case, in_writes: bool,
+          written: Callable[[], tuple[int, int]]) -> Iterator[tuple[Landed, Seen, Seen]]:
+    with case.client(case.is_async) as (client, server):
+        case.call(client)  # what the first call does once (a series made) is not in the calls after it
+        written()
+        counting = Sweep(in_writes)
+        sys.settrace(counting)
+        try:
+            case.call(client)
+            _telemetry.write_all()
+        finally:
+            sys.settrace(None)
+        assert written() == (2 * case.operations, 2 * case.operations)
+        assert counting.entries >= 10  # the sweep sees our code
+        for at in range(counting.entries):
+            before = Seen(*written())
+            sent = len(server.requests)
+            sweep = Sweep(in_writes, at, Interrupt if case.is_async else KeyboardInterrupt)
+            current = contextvars.copy_context().run(_interrupted, case.call, client, sweep)
+            yield (Landed(sweep.landed, at, counting.entries), before,
+                   Seen(*written(), current, len(server.requests) - sent))
+
+
+def _interrupted(call: Callable[[Any], None], client: Any, sweep: Sweep) -> tuple[object, object]:
+    """Make the call under ``sweep``, which interrupts it; what it left current."""
+    sys.settrace(sweep)
+    try:
+        with pytest.raises(sweep.raises):
+            call(client)
+            _telemetry.write_all()  # what waits to be written (spans made when written: PendingSpan)
+    finally:
+        sys.settrace(None)
+    return trace.get_current_span(), _calls.current_operation()
