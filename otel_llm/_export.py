@@ -21,6 +21,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
+from otel_llm._safety import reraise_if_signalled
+
 _log = logging.getLogger("otel_llm")
 _Made = TypeVar("_Made")
 
@@ -139,6 +141,7 @@ class Providers:
                 try:
                     provider.shutdown()
                 except Exception:
+                    reraise_if_signalled()
                     _log.debug("otel_llm: shutting down a provider of a failed set-up", exc_info=True)
         finally:
             sdk_log.removeFilter(_never_registered)

@@ -23,6 +23,7 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type:
 from otel_llm import _semconv
 from otel_llm._export import Providers, nothing_configured, sdk_enabled
 from otel_llm._patching import Client, Patches
+from otel_llm._safety import reraise_if_signalled
 from otel_llm._settings import load_settings
 from otel_llm._telemetry import Telemetry, set_live_telemetry, stop_later_writer
 from otel_llm._version import __version__
@@ -85,8 +86,9 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         try:
             self._set_up(**kwargs)
         except Exception:  # providers that raise, a broken install: the application runs on, uninstrumented
-            _log.warning("otel_llm: cannot set up its telemetry; not instrumenting", exc_info=True)
             self._uninstrument()
+            reraise_if_signalled()
+            _log.warning("otel_llm: cannot set up its telemetry; not instrumenting", exc_info=True)
         except BaseException:  # Ctrl-C in the middle: nothing half done stays
             self._uninstrument()
             raise
@@ -157,6 +159,7 @@ class OtelLLMInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                     patched = self._patches.apply(module.PROVIDER, telemetry)
                     _log.debug("otel_llm: instrumented %s (%d methods)", client.package, patched)
             except Exception:  # never into the application's import
+                reraise_if_signalled()
                 _log.warning("otel_llm: cannot instrument the installed %s; skipped", client.package, exc_info=True)
 
         return patch
@@ -191,6 +194,7 @@ def _warn_of_twins() -> None:
                         for entry in importlib.metadata.entry_points(group="opentelemetry_instrumentor")
                         if entry.name in _TWINS and entry.name not in disabled})
     except Exception:  # metadata we cannot read: nothing to say
+        reraise_if_signalled()
         return
     if twins:
         _log.warning("otel_llm: opentelemetry-instrument also loads %s, which records the same LLM calls: each "

@@ -41,7 +41,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.context import Context
 
-from otel_llm._safety import report_failure
+from otel_llm._safety import report_failure, reraise_if_signalled
 
 _log = logging.getLogger("otel_llm")
 _NS = 1e9
@@ -329,6 +329,7 @@ class Series:
                 else:
                     _add_all(aggregation, values)
         except Exception:
+            reraise_if_signalled()
             self._owner._off()
             return False
         self._offer(aggregations, offers, time_ns)
@@ -355,6 +356,7 @@ class Series:
                     with reservoir._lock:
                         reservoir._reservoir_storage[bucket].offer(value, time_ns, self.attributes, context)
         except Exception:
+            reraise_if_signalled()
             self._owner._off()
             if not added:  # nothing is in yet: the public API takes them all
                 self._add_batch(values, {})
@@ -444,6 +446,7 @@ class Series:
             self._storages = storages
             self._aggregations = tuple(found)
         except Exception:
+            reraise_if_signalled()
             _log.debug("otel_llm: SDK internals not as expected; histograms use the public API", exc_info=True)
             self._owner._consumer = None
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import traceback
 from collections.abc import Iterator, Sequence
 
+from otel_llm._safety import reraise_if_signalled
+
 REDACTED = "[REDACTED]"
 
 
@@ -70,6 +72,7 @@ def _without_input(error: BaseException) -> str:
             lines += [".".join(map(str, found["loc"])) or "(root)", f"  {found['msg']} [type={found['type']}]"]
         return "\n".join(lines)
     except Exception:  # another ValidationError than pydantic's v2: its name only
+        reraise_if_signalled()
         return type(error).__name__
 
 

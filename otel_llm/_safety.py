@@ -29,6 +29,14 @@ def report_failure(where: str) -> None:
                        exc_info=True)
 
 
+def reraise_if_signalled() -> None:
+    """Call in an ``except Exception`` block that handles a failure without reporting it (a fallback taken, a value
+    left unread), before it handles it: an exception the application's signal handler raised is the caller's, and
+    goes on."""
+    if _raised_by_signal_handler(sys.exc_info()[1]):
+        raise
+
+
 def _raised_by_signal_handler(error: BaseException | None) -> bool:
     """Whether one of the Python signal handlers set now is among the frames ``error`` came through."""
     if error is None:

@@ -45,6 +45,8 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+from otel_llm._safety import reraise_if_signalled
+
 _log = logging.getLogger("otel_llm")
 
 try:
@@ -96,6 +98,7 @@ def set_attributes(span: Any, attributes: Mapping[str, Any], *, quiet_start: boo
             if _write(span, attributes, quiet_start):
                 return
         except Exception:
+            reraise_if_signalled()
             _off()
     span.set_attributes(attributes)
 

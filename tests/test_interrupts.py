@@ -3,12 +3,14 @@ The caller gets it; the call is still written once, as one span and one duration
 ours is left behind (an operation held open, a span left current). Once a write has begun, an interrupt in it can
 cost what it had not written yet, never a second write.
 
-A sweep raises the interrupt at each entry into a function of ours, one run per entry, as a signal handler's
-exception lands when the interpreter enters a function. Not where the garbage collector runs a finalizer of ours:
+A sweep raises the interrupt at each entry into a function of ours, or into one ours calls (the SDK's, the
+standard library's), one run per entry, as a signal handler's exception lands when the interpreter enters a
+function. Not where the garbage collector runs a finalizer of ours:
 the interpreter swallows what a finalizer raises, the caller never sees it."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import contextvars
@@ -16,6 +18,8 @@ import gc
 import inspect
 import logging
 import os
+import pathlib
+import signal
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -37,19 +41,20 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import otel_llm
-from otel_llm import _calls, _telemetry
+from otel_llm import _calls, _safety, _telemetry
 from otel_llm import _semconv as sc
 
 OURS = os.path.dirname(otel_llm.__file__)
 MESSAGES = [{"role": "user", "content": "hi"}]
 TOKENS = ["Hel", "lo", "!"]
-# what runs on the garbage collector's stack (and what it calls): what it raises never reaches the caller
-FINALIZERS = {"__del__", "_note_collection"}
+# what runs as an object dies, on the garbage collector's stack or where the last reference went (and what it
+# calls): finalizers and weak reference callbacks (a WeakSet's); what it raises never reaches the caller
+FINALIZERS = {"__del__", "_note_collection", "_remove"}
 RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 # a write once begun (Telemetry._write has claimed the operation: it is not written twice)
 WRITING = {"_write_out", "_write_claimed"}
 # what puts the context back after the call: like any cleanup, interrupted as it starts, it does not run
-RESTORING = {"_leave", "_leave_closed", "Telemetry.deactivate"}
+RESTORING = {"_leave", "_leave_closed", "Telemetry.deactivate", "detach"}
 
 
 class Interrupt(BaseException):
@@ -57,9 +62,14 @@ class Interrupt(BaseException):
     and raises KeyboardInterrupt itself, once it is done)."""
 
 
+class Timeout(Exception):
+    """What an application's signal-based timeout raises: an Exception, which our own guards must not take for a
+    failure of ours (_safety.report_failure)."""
+
+
 class Sweep:
-    """Counts the entries into our functions a call makes (outside its writes, or inside them only), or raises an
-    interrupt at the n-th."""
+    """Counts the entries into our functions and those they call that a call makes (outside its writes, or inside
+    them only), or at the n-th raises a signal whose handler raises ``raises``."""
 
     def __init__(self, in_writes: bool, at: int | None = None, raises: type[BaseException] = KeyboardInterrupt) -> None:
         self.in_writes, self.at, self.raises, self.entries, self.landed = in_writes, at, raises, 0, ""
@@ -67,12 +77,14 @@ class Sweep:
 
     def __call__(self, frame: types.FrameType, event: str, arg: Any) -> None:
         code = frame.f_code
-        if event == "call" and code.co_filename.startswith(OURS) and not self._resumed(frame) \
+        caller = frame.f_back
+        if event == "call" and (code.co_filename.startswith(OURS) or (
+                caller is not None and caller.f_code.co_filename.startswith(OURS))) and not self._resumed(frame) \
                 and not _under(frame, FINALIZERS) and _under(frame, WRITING) == self.in_writes:
             if self.entries == self.at:
                 self.landed = code.co_qualname
                 sys.settrace(None)
-                raise self.raises
+                signal.raise_signal(signal.SIGUSR1)  # its handler runs at once, in this frame
             self.entries += 1
 
     def _resumed(self, frame: types.FrameType) -> bool:
@@ -230,30 +242,66 @@ def written(request: pytest.FixtureRequest) -> Iterator[Callable[[], tuple[int, 
     otel_llm.uninstrument()
 
 
+@pytest.mark.parametrize("kind", ["interrupt", "timeout"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_an_interrupt_anywhere_in_our_code_reaches_the_caller_and_the_call_is_written_once(
-        name: str, written: Callable[[], tuple[int, int]]) -> None:
-    operations = CASES[name].operations
-    for where, before, after in _sweep(CASES[name], in_writes=False, written=written):
+        name: str, kind: str, written: Callable[[], tuple[int, int]], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A signal handler's KeyboardInterrupt (another BaseException in an asyncio program); or its timeout, an
+    Exception, which reaches the caller through our own guards, never taken for a failure of ours."""
+    case = CASES[name]
+    for where, before, after in _sweep(case, _raised(kind, case, monkeypatch), in_writes=False, written=written):
         # each operation begun is written (whether its request reached the server or not), and once
-        assert after.reached <= after.spans - before.spans == after.durations - before.durations <= operations, where
+        assert after.reached <= after.spans - before.spans == after.durations - before.durations <= case.operations, \
+            where
         assert not _held_open(), where
         if where.landed not in RESTORING:
             assert after.current == (trace.INVALID_SPAN, None), where
+        assert [record.getMessage() for record in caplog.records if record.name == "otel_llm"] == [], where
 
 
+@pytest.mark.parametrize("kind", ["interrupt", "timeout"])
 @pytest.mark.parametrize("name", ["complete", "streamed", "after a stream dropped", "async streamed",
                                   "bedrock's converse stream"])
 def test_an_interrupt_in_a_write_costs_what_it_had_not_written_and_never_writes_twice(
-        name: str, written: Callable[[], tuple[int, int]], caplog: pytest.LogCaptureFixture) -> None:
+        name: str, kind: str, written: Callable[[], tuple[int, int]], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
     """A write once begun is not begun again: where an interrupt lands in it, its span or its points may be lost.
-    (A span ended again would have the SDK warn of it.)"""
+    (A span ended again would have the SDK warn of it.) A timeout, as above, is not taken for a failure of ours."""
     operations = CASES[name].operations
-    for where, before, after in _sweep(CASES[name], in_writes=True, written=written):
+    for where, before, after in _sweep(CASES[name], _raised(kind, CASES[name], monkeypatch), in_writes=True,
+                                       written=written):
         assert after.spans - before.spans <= operations, where
         assert after.durations - before.durations <= operations, where
         assert not _held_open(), where
         assert [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING] == [], where
+
+
+def test_every_guard_of_ours_lets_what_a_signal_handler_raises_through() -> None:
+    """Each ``except Exception`` of ours hands what it caught to ``report_failure`` or ``reraise_if_signalled``
+    (which let a signal handler's exception go on to the caller: _safety), or raises: none swallows a timeout. The
+    sweeps above go through the guards on their way; this covers those that only a failure reaches."""
+    swallowing = []
+    for path in sorted(pathlib.Path(OURS).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ExceptHandler) or node.type is None or "Exception" not in {
+                    name.id for name in ast.walk(node.type) if isinstance(name, ast.Name)}:
+                continue
+            inside = [found for statement in node.body for found in ast.walk(statement)]
+            called = {call.func.id for call in inside if isinstance(call, ast.Call) and isinstance(call.func, ast.Name)}
+            if not called & {"report_failure", "reraise_if_signalled"} and not any(
+                    isinstance(found, ast.Raise) for found in inside):
+                swallowing.append(f"{path.relative_to(OURS)}:{node.lineno}")
+    assert swallowing == []
+
+
+def _raised(kind: str, case: Case, monkeypatch: pytest.MonkeyPatch) -> type[BaseException]:
+    """What the signal handler raises. With a timeout our own failures are logged and swallowed, not raised, as for
+    a user (_safety.strict off): a timeout taken for one of ours would be swallowed too."""
+    if kind == "timeout":
+        monkeypatch.setattr(_safety, "strict", False)
+        return Timeout
+    return Interrupt if case.is_async else KeyboardInterrupt
 
 
 @dataclass
@@ -265,7 +313,7 @@ class Landed:
     entries: int
 
     def __str__(self) -> str:
-        return f"interrupted entering {self.landed} (our function entry {self.at} of {self.entries})"
+        return f"interrupted entering {self.landed} (entry {self.at} of {self.entries})"
 
 
 @dataclass
@@ -279,14 +327,14 @@ class Seen:
     reached: int = 0
 
 
-def _sweep(case: Case, *, in_writes: bool,
+def _sweep(case: Case, raises: type[BaseException], *, in_writes: bool,
            written: Callable[[], tuple[int, int]]) -> Iterator[tuple[Landed, Seen, Seen]]:
     """Runs the case's call once interrupted at each entry into our code, one run per entry: for each, where it
-    landed, and what was written before and after."""
+    landed, and what was written before and after. The signal's handler raises ``raises``."""
     unraisable: list[BaseException | None] = []
     before_hook, sys.unraisablehook = sys.unraisablehook, lambda report: unraisable.append(report.exc_value)
     try:
-        yield from _runs(case, in_writes, written)
+        yield from _runs(case, raises, in_writes, written)
         gc.collect()
     finally:
         sys.unraisablehook = before_hook
@@ -295,7 +343,7 @@ def _sweep(case: Case, *, in_writes: bool,
         error))] == []
 
 
-def _runs(case: Case, in_writes: bool,
+def _runs(case: Case, raises: type[BaseException], in_writes: bool,
           written: Callable[[], tuple[int, int]]) -> Iterator[tuple[Landed, Seen, Seen]]:
     with case.client(case.is_async) as (client, server):
         case.call(client)  # what the first call does once (a series made) is not in the calls after it
@@ -312,7 +360,7 @@ def _runs(case: Case, in_writes: bool,
         for at in range(counting.entries):
             before = Seen(*written())
             sent = len(server.requests)
-            sweep = Sweep(in_writes, at, Interrupt if case.is_async else KeyboardInterrupt)
+            sweep = Sweep(in_writes, at, raises)
             current = contextvars.copy_context().run(_interrupted, case.call, client, sweep)
             yield (Landed(sweep.landed, at, counting.entries), before,
                    Seen(*written(), current, len(server.requests) - sent))
@@ -326,11 +374,19 @@ def _held_open() -> bool:
 
 def _interrupted(call: Callable[[Any], None], client: Any, sweep: Sweep) -> tuple[object, object]:
     """Make the call under ``sweep``, which interrupts it; what it left current."""
+    def handler(number: int, frame: types.FrameType | None) -> None:
+        raise sweep.raises
+
+    before = signal.signal(signal.SIGUSR1, handler)
     sys.settrace(sweep)
     try:
-        with pytest.raises(sweep.raises):
-            call(client)
-            _telemetry.write_all()  # what waits to be written (spans made when written: PendingSpan)
+        call(client)
+        _telemetry.write_all()  # what waits to be written (spans made when written: PendingSpan)
+    except sweep.raises:
+        pass
+    else:
+        pytest.fail(f"the caller did not get the {sweep.raises.__name__} raised entering {sweep.landed}")
     finally:
         sys.settrace(None)
+        signal.signal(signal.SIGUSR1, before)
     return trace.get_current_span(), _calls.current_operation()

@@ -17,6 +17,7 @@ from otel_llm import _semconv as sc
 from otel_llm._calls import Wrapper, helper_stream, hook
 from otel_llm._patching import Target
 from otel_llm._redact import bearer_secrets
+from otel_llm._safety import reraise_if_signalled
 
 if TYPE_CHECKING:
     from otel_llm._operation import Operation
@@ -40,6 +41,7 @@ def read_sent(op: Operation, response: Any) -> None:
     try:
         body = json.loads(response.request.content)
     except Exception:  # a body not read into memory, or not JSON: left unread
+        reraise_if_signalled()
         return
     if isinstance(body, dict):
         reader(body)

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from otel_llm import _semconv as sc
+from otel_llm._safety import reraise_if_signalled
 
 
 def number(value: object) -> float | int | None:
@@ -37,6 +38,7 @@ def streams(kwargs: Mapping[str, Any]) -> bool:
     try:
         return bool(value)
     except Exception:  # the client's own test of it raises the same to the caller
+        reraise_if_signalled()
         return False
 
 

@@ -41,7 +41,7 @@ from otel_llm._content import Message, Output, Part
 from otel_llm._operation import Request
 from otel_llm._patching import Provider, Target
 from otel_llm._redact import bearer_secrets
-from otel_llm._safety import report_failure
+from otel_llm._safety import report_failure, reraise_if_signalled
 from otel_llm._stream import CONTENT, DONE, OTHER, Transparent
 from otel_llm.providers import _claude
 from otel_llm.providers._values import count, field, number, parameter, prompt_chars, text_counter
@@ -866,6 +866,7 @@ class _InvokeModel(_Invoke):
         try:
             data = body.read()
         except Exception as error:  # ResponseStreamingError, ReadTimeoutError, IncompleteReadError: the caller's
+            reraise_if_signalled()
             response["body"] = StreamingBody(_Unreadable(error), None)
             return response, None, error
         response["body"] = StreamingBody(_Replay(data), _content_length(body))
@@ -886,6 +887,7 @@ class _InvokeModel(_Invoke):
         try:
             data = await body.read()
         except Exception as error:  # aiohttp's ClientPayloadError, AioReadTimeoutError, ...: the caller's
+            reraise_if_signalled()
             return response, None, error
         hold(data)
         response["body"] = replay

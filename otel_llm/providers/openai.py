@@ -27,7 +27,7 @@ from otel_llm._calls import Kind, async_call, before, hook, selected, sync_call
 from otel_llm._content import Choice, Message, Output, Part
 from otel_llm._operation import Request
 from otel_llm._patching import Provider, Target
-from otel_llm._safety import report_failure
+from otel_llm._safety import report_failure, reraise_if_signalled
 from otel_llm._stream import CONTENT, DONE, HIDDEN, OTHER, closed_by_helper
 from otel_llm.providers._stainless import (
     ResponseHeaders,
@@ -716,6 +716,7 @@ class _Endpoint:
         try:
             sent = json.loads(error.response.request.content)
         except Exception:  # not JSON, or not read into memory: the caller's own arguments, unless used up
+            reraise_if_signalled()
             sent = None
         if not isinstance(sent, dict):
             return None if _holds_iterator(kwargs) else kwargs
