@@ -5,6 +5,7 @@ are its ways into the SDK's span and histogram internals, each with the public A
 from __future__ import annotations
 
 import atexit
+import contextvars
 import functools
 import gc
 import json
@@ -251,17 +252,19 @@ class Telemetry:
 
     def _write(self, op: Operation, failure: dict[str, str] | None) -> None:
         """Write the operation; one whose span waited is written once, by the first thread to claim it (the writer,
-        or the application touching its span meanwhile: ``PendingSpan``)."""
+        or the application touching its span meanwhile: ``PendingSpan``). In a copy of the context: what the SDK's
+        processors leave in it does not reach the application's (SimpleSpanProcessor's suppression of instrumentation,
+        which an interrupt after its attach, before its try, never takes back)."""
         span = op.span
         if type(span) is not PendingSpan:
             if not op.written:
                 op.written = True
-                self._write_out(op, failure)
+                contextvars.copy_context().run(self._write_out, op, failure)
             return
         if not span.claim():
             return
         try:
-            self._write_out(op, failure)
+            contextvars.copy_context().run(self._write_out, op, failure)
         finally:
             span.written()
 
@@ -596,7 +599,7 @@ def _write_claimed(waiting: object) -> None:
     """What waited to be written, claimed by the thread that touched its span (``PendingSpan.claim``)."""
     telemetry, op, failure = cast("_Waiting", waiting)
     try:
-        telemetry._write_out(op, failure)
+        contextvars.copy_context().run(telemetry._write_out, op, failure)
     finally:
         op.span.written()
 

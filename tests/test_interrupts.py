@@ -1,12 +1,13 @@
 """An interrupt (KeyboardInterrupt, or what a signal handler raises) can land anywhere in our code around a call.
 The caller gets it; the call is still written once, as one span and one duration point together, and nothing of
 ours is left behind (an operation held open, a span left current). Once a write has begun, an interrupt in it can
-cost what it had not written yet, never a second write.
+cost what it had not written yet, never a second write, and what the SDK's processors leave in the context there
+(SimpleSpanProcessor's suppression of instrumentation, interrupted before its try) stays in the write's.
 
 A sweep raises the interrupt at each entry into a function of ours, or into one ours calls (the SDK's, the
-standard library's), one run per entry, as a signal handler's exception lands when the interpreter enters a
-function. Not where the garbage collector runs a finalizer of ours:
-the interpreter swallows what a finalizer raises, the caller never sees it."""
+standard library's; in a write, into anything), one run per entry, as a signal handler's exception lands where the
+interpreter enters a function or a generator goes on after a yield. Not in a finalizer of ours or a weak reference
+callback: the interpreter swallows what those raise, the caller never sees it."""
 
 from __future__ import annotations
 
@@ -14,15 +15,16 @@ import ast
 import asyncio
 import contextlib
 import contextvars
+import dis
+import functools
 import gc
-import inspect
 import logging
 import os
 import pathlib
 import signal
 import sys
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +35,7 @@ import wire
 import wire_anthropic as wa
 import wire_bedrock as wb
 from conftest import async_client, openai_server, sync_client
-from opentelemetry import trace
+from opentelemetry import context as otel_context
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
@@ -50,7 +52,7 @@ TOKENS = ["Hel", "lo", "!"]
 # what runs as an object dies, on the garbage collector's stack or where the last reference went (and what it
 # calls): finalizers and weak reference callbacks (a WeakSet's); what it raises never reaches the caller
 FINALIZERS = {"__del__", "_note_collection", "_remove"}
-RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+RESUME = dis.opmap["RESUME"]
 # a write once begun (Telemetry._write has claimed the operation: it is not written twice)
 WRITING = {"_write_out", "_write_claimed"}
 # what puts the context back after the call: like any cleanup, interrupted as it starts, it does not run
@@ -73,29 +75,56 @@ class Sweep:
 
     def __init__(self, in_writes: bool, at: int | None = None, raises: type[BaseException] = KeyboardInterrupt) -> None:
         self.in_writes, self.at, self.raises, self.entries, self.landed = in_writes, at, raises, 0, ""
-        self._resumable: set[int] = set()  # generator and coroutine frames entered
+        # in a write, an interrupt enters anything (the SDK's processors and exporters; a timeout there is theirs
+        # to swallow)
+        self._anything = in_writes and not issubclass(raises, Exception)
+        self._writing = self._finalizing = 0  # frames of those open now
 
-    def __call__(self, frame: types.FrameType, event: str, arg: Any) -> None:
-        code = frame.f_code
-        caller = frame.f_back
-        if event == "call" and (code.co_filename.startswith(OURS) or (
-                caller is not None and caller.f_code.co_filename.startswith(OURS))) and not self._resumed(frame) \
-                and not _under(frame, FINALIZERS) and _under(frame, WRITING) == self.in_writes:
+    def __call__(self, frame: types.FrameType, event: str, arg: Any) -> Callable[..., Any] | None:
+        if event != "call":
+            return None
+        name = frame.f_code.co_name
+        if name in FINALIZERS or name in WRITING:
+            return self._enter(name in WRITING)
+        if self._swept(frame):
             if self.entries == self.at:
-                self.landed = code.co_qualname
+                self.landed = frame.f_code.co_qualname
                 sys.settrace(None)
                 signal.raise_signal(signal.SIGUSR1)  # its handler runs at once, in this frame
             self.entries += 1
+        return None
 
-    def _resumed(self, frame: types.FrameType) -> bool:
-        """A generator's or coroutine's frame going on after a yield or await, not entered: the interpreter takes
-        no signal there."""
-        if not frame.f_code.co_flags & RESUMABLE:
+    def _enter(self, writing: bool) -> Callable[..., Any]:
+        """A write or a finalizer begins: counted open until its frame returns (or raises)."""
+        if writing:
+            self._writing += 1
+        else:
+            self._finalizing += 1
+
+        def left(frame: types.FrameType, event: str, arg: Any) -> Callable[..., Any] | None:
+            if event == "return":
+                if writing:
+                    self._writing -= 1
+                else:
+                    self._finalizing -= 1
+            return left
+
+        return left
+
+    def _swept(self, frame: types.FrameType) -> bool:
+        """An entry into our code or into what it calls, in the part of the call this sweep covers."""
+        if self._finalizing or bool(self._writing) != self.in_writes or self._resumed(frame):
             return False
-        if id(frame) in self._resumable:
-            return True
-        self._resumable.add(id(frame))
-        return False
+        caller = frame.f_back
+        return self._anything or _ours(frame.f_code) or (caller is not None and _ours(caller.f_code))
+
+    @staticmethod
+    def _resumed(frame: types.FrameType) -> bool:
+        """A generator's or coroutine's frame going on after ``yield from`` or ``await``, not entered: the
+        interpreter takes no signal there (it does at a function's start and after a plain ``yield``: its RESUME
+        instruction's argument says which)."""
+        code, at = frame.f_code.co_code, frame.f_lasti
+        return code[at] == RESUME and code[at + 1] & 3 >= 2
 
 
 def _complete(client: openai.OpenAI) -> None:
@@ -207,19 +236,16 @@ CASES = {
 }
 
 
-def _under(frame: types.FrameType | None, names: set[str]) -> bool:
-    """Whether the frame is one of the functions ``names``, or called from one."""
-    while frame is not None:
-        if frame.f_code.co_name in names:
-            return True
-        frame = frame.f_back
-    return False
+@functools.cache
+def _ours(code: types.CodeType) -> bool:
+    return code.co_filename.startswith(OURS)
 
 
-@pytest.fixture(params=["simple", "batch"])
+@pytest.fixture
 def written(request: pytest.FixtureRequest) -> Iterator[Callable[[], tuple[int, int]]]:
-    """Instrumented, under either span processor (a batch one lets spans wait to be made: _spans.PendingSpan);
-    yields what reads the spans and duration points written so far, once all that waits is written."""
+    """Instrumented, under the span processor the test names (a batch one lets spans wait to be made:
+    _spans.PendingSpan); yields what reads the spans and duration points written so far, once all that waits is
+    written."""
     exporter = InMemorySpanExporter()
     processor = (BatchSpanProcessor if request.param == "batch" else SimpleSpanProcessor)(exporter)
     tracer_provider = TracerProvider()
@@ -242,12 +268,20 @@ def written(request: pytest.FixtureRequest) -> Iterator[Callable[[], tuple[int, 
     otel_llm.uninstrument()
 
 
+def _runs_of(names: Iterable[str], timed_out: Iterable[str]) -> pytest.MarkDecorator:
+    """(span processor, case, kind) per test: each case with an interrupt, those ``timed_out`` with a timeout, under
+    either processor."""
+    return pytest.mark.parametrize(("written", "name", "kind"), [
+        (processor, name, kind) for processor in ("simple", "batch")
+        for kind, names_of_kind in (("interrupt", names), ("timeout", timed_out)) for name in names_of_kind],
+        indirect=["written"])
+
+
 # a timeout through each adapter's guards (every guard is held to let it through: the structural test below)
 TIMED_OUT = ["complete", "streamed", "anthropic's stream helper", "bedrock's converse stream"]
 
 
-@pytest.mark.parametrize(("name", "kind"), [*((name, "interrupt") for name in CASES),
-                                            *((name, "timeout") for name in TIMED_OUT)])
+@_runs_of(CASES, TIMED_OUT)
 def test_an_interrupt_anywhere_in_our_code_reaches_the_caller_and_the_call_is_written_once(
         name: str, kind: str, written: Callable[[], tuple[int, int]], monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
@@ -260,14 +294,12 @@ def test_an_interrupt_anywhere_in_our_code_reaches_the_caller_and_the_call_is_wr
             where
         assert not _held_open(), where
         if where.landed not in RESTORING:
-            assert after.current == (trace.INVALID_SPAN, None), where
+            assert after.current == ({}, None), where
         assert [record.getMessage() for record in caplog.records if record.name == "otel_llm"] == [], where
 
 
-@pytest.mark.parametrize(("name", "kind"), [
-    *((name, "interrupt") for name in ["complete", "streamed", "after a stream dropped", "async streamed",
-                                       "bedrock's converse stream"]),
-    ("complete", "timeout"), ("streamed", "timeout")])
+@_runs_of(["complete", "streamed", "after a stream dropped", "async streamed", "bedrock's converse stream"],
+          ["complete", "streamed"])
 def test_an_interrupt_in_a_write_costs_what_it_had_not_written_and_never_writes_twice(
         name: str, kind: str, written: Callable[[], tuple[int, int]], monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
@@ -279,6 +311,7 @@ def test_an_interrupt_in_a_write_costs_what_it_had_not_written_and_never_writes_
         assert after.spans - before.spans <= operations, where
         assert after.durations - before.durations <= operations, where
         assert not _held_open(), where
+        assert after.current == ({}, None), where  # nothing the SDK's processors left in the write's context
         assert [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING] == [], where
 
 
@@ -328,7 +361,7 @@ class Seen:
 
     spans: int
     durations: int
-    current: tuple[object, object] = (None, None)
+    current: tuple[dict[str, object], object] = ({}, None)  # OpenTelemetry's context, our current operation
     reached: int = 0
 
 
@@ -353,7 +386,7 @@ def _runs(case: Case, raises: type[BaseException], in_writes: bool,
     with case.client(case.is_async) as (client, server):
         case.call(client)  # what the first call does once (a series made) is not in the calls after it
         written()
-        counting = Sweep(in_writes)
+        counting = Sweep(in_writes, raises=raises)
         sys.settrace(counting)
         try:
             case.call(client)
@@ -377,7 +410,7 @@ def _held_open() -> bool:
     return telemetry is not None and bool(telemetry._pending)
 
 
-def _interrupted(call: Callable[[Any], None], client: Any, sweep: Sweep) -> tuple[object, object]:
+def _interrupted(call: Callable[[Any], None], client: Any, sweep: Sweep) -> tuple[dict[str, object], object]:
     """Make the call under ``sweep``, which interrupts it; what it left current."""
     def handler(number: int, frame: types.FrameType | None) -> None:
         raise sweep.raises
@@ -390,8 +423,9 @@ def _interrupted(call: Callable[[Any], None], client: Any, sweep: Sweep) -> tupl
     except sweep.raises:
         pass
     else:
-        pytest.fail(f"the caller did not get the {sweep.raises.__name__} raised entering {sweep.landed}")
+        pytest.fail(f"the caller did not get the {sweep.raises.__name__} raised at entry {sweep.at}: the call made "
+                    f"{sweep.entries}")
     finally:
         sys.settrace(None)
         signal.signal(signal.SIGUSR1, before)
-    return trace.get_current_span(), _calls.current_operation()
+    return dict(otel_context.get_current()), _calls.current_operation()
